@@ -1,0 +1,1 @@
+"""Semantic events: the record, detectors, collapsing and compression."""

@@ -1,0 +1,132 @@
+"""The event record shared by detectors, the causal engine and exports.
+
+An :class:`Event` is a *transition* (healthy -> vanishing in ``fc1`` at step 212), never a
+row per step. It is frozen and holds plain Python values only, so it can be hashed,
+compared, pickled and written to JSON without touching torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, asdict
+from typing import Any, Iterable, Mapping
+
+GRADIENT = "gradient_health_transition"
+ACTIVATION = "activation_regime_shift"
+OPTIMIZER = "optimizer_instability"
+DATA = "data_anomaly"
+
+#: Event type -> the kinds it may carry. The causal engine reads these names.
+EVENT_KINDS: dict[str, tuple[str, ...]] = {
+    GRADIENT: ("vanishing", "exploding"),
+    ACTIVATION: ("dead", "saturated"),
+    OPTIMIZER: ("spike", "plateau", "divergence"),
+    DATA: ("nan", "inf", "shift"),
+}
+EVENT_TYPES: tuple[str, ...] = tuple(EVENT_KINDS)
+
+#: The failure types users ask about (``explain_failure``), and the (type, kind) pairs
+#: that count as evidence of each.
+FAILURE_TYPES: dict[str, tuple[tuple[str, str], ...]] = {
+    "vanishing_gradients": ((GRADIENT, "vanishing"),),
+    "exploding_gradients": ((GRADIENT, "exploding"),),
+    "dead_neurons": ((ACTIVATION, "dead"),),
+    "saturated_activations": ((ACTIVATION, "saturated"),),
+    "optimizer_instability": ((OPTIMIZER, "spike"), (OPTIMIZER, "plateau"), (OPTIMIZER, "divergence")),
+    "data_anomaly": ((DATA, "nan"), (DATA, "inf"), (DATA, "shift")),
+}
+
+
+def validate_failure_type(failure_type: str) -> str:
+    """Return ``failure_type`` if known, else raise ``ValueError`` naming the valid ones."""
+    if failure_type not in FAILURE_TYPES:
+        raise ValueError(
+            f"unknown failure_type {failure_type!r}; valid: {', '.join(FAILURE_TYPES)}"
+        )
+    return failure_type
+
+
+@dataclass(frozen=True)
+class Event:
+    """One semantic transition seen in a training run.
+
+    ``values`` holds the measured numbers that triggered the event as sorted
+    ``(name, value)`` pairs (a tuple keeps the record hashable); ``measured`` gives a dict.
+    """
+
+    type: str
+    kind: str
+    layer: str | None
+    step: int
+    end_step: int | None = None
+    count: int = 1
+    severity: float = 0.0
+    values: tuple[tuple[str, float], ...] = ()
+    rank: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.type not in EVENT_KINDS:
+            raise ValueError(f"unknown event type {self.type!r}; valid: {', '.join(EVENT_TYPES)}")
+        if self.kind not in EVENT_KINDS[self.type]:
+            raise ValueError(
+                f"kind {self.kind!r} is not valid for {self.type}; valid: {', '.join(EVENT_KINDS[self.type])}"
+            )
+        if self.end_step is None:
+            object.__setattr__(self, "end_step", self.step)
+        if self.end_step < self.step:
+            raise ValueError(f"end_step {self.end_step} precedes step {self.step}")
+        if self.count < 1:
+            raise ValueError(f"count must be >= 1, got {self.count}")
+        if isinstance(self.values, Mapping):
+            object.__setattr__(self, "values", _freeze_values(self.values))
+
+    @property
+    def measured(self) -> dict[str, float]:
+        """The triggering values as a dict."""
+        return dict(self.values)
+
+    @property
+    def key(self) -> tuple[str, str, str | None]:
+        """(type, kind, layer): what collapsing groups on."""
+        return (self.type, self.kind, self.layer)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (``values`` as a mapping)."""
+        d = asdict(self)
+        d["values"] = dict(self.values)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Event":
+        """Inverse of :meth:`to_dict`."""
+        known = {"type", "kind", "layer", "step", "end_step", "count", "severity", "values", "rank"}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown event fields {sorted(unknown)}; valid: {sorted(known)}")
+        return cls(
+            type=d["type"],
+            kind=d["kind"],
+            layer=d.get("layer"),
+            step=int(d["step"]),
+            end_step=int(d.get("end_step", d["step"])),
+            count=int(d.get("count", 1)),
+            severity=float(d.get("severity", 0.0)),
+            values=_freeze_values(d.get("values", {})),
+            rank=d.get("rank"),
+        )
+
+    def __str__(self) -> str:
+        where = self.layer if self.layer is not None else "loss"
+        span = f"step {self.step}" if self.end_step == self.step else f"steps {self.step}-{self.end_step}"
+        rank = f" [rank {self.rank}]" if self.rank is not None else ""
+        return f"{self.kind} ({self.type}) in {where} at {span}{rank}, severity {self.severity:.3g}"
+
+
+def _freeze_values(values: Mapping[str, float] | Iterable[tuple[str, float]]) -> tuple[tuple[str, float], ...]:
+    items = values.items() if isinstance(values, Mapping) else values
+    return tuple(sorted((str(k), float(v)) for k, v in items))
+
+
+def make_event(type: str, kind: str, layer: str | None, step: int, severity: float,
+               values: Mapping[str, float] | None = None, **kw: Any) -> Event:
+    """Build an :class:`Event` from a values dict (detectors' shorthand)."""
+    return Event(type=type, kind=kind, layer=layer, step=int(step), severity=float(severity),
+                 values=_freeze_values(values or {}), **kw)

@@ -1,0 +1,122 @@
+"""Collapsing (merge repeats) and compression (first occurrences, propagation order).
+
+``collapse`` is a pure function over event lists; :class:`EventLog` applies the same merge
+online so that a 20,000-step run keeps one record per episode, not one per step.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+from neuraldbg.events.base import Event
+
+
+def merge(a: Event, b: Event) -> Event:
+    """Merge ``b`` (later) into ``a``: first step and triggering values of ``a`` are kept."""
+    return dataclasses.replace(
+        a,
+        end_step=max(a.end_step, b.end_step),
+        count=a.count + b.count,
+        severity=max(a.severity, b.severity),
+    )
+
+
+def collapse(events: Iterable[Event], gap: int = 0) -> list[Event]:
+    """Merge runs of the same (type, kind, layer, rank) whose steps are within ``gap`` steps.
+
+    An event joins the open run of its key when its step is at most ``end_step + gap``.
+    The result is sorted by (step, layer); collapsing twice gives the same list.
+    """
+    open_runs: dict[tuple, int] = {}
+    out: list[Event] = []
+    for ev in sorted(events, key=_order_key):
+        key = (*ev.key, ev.rank)
+        idx = open_runs.get(key)
+        if idx is not None and ev.step <= out[idx].end_step + gap:
+            out[idx] = merge(out[idx], ev)
+        else:
+            open_runs[key] = len(out)
+            out.append(ev)
+    return sorted(out, key=_order_key)
+
+
+def _depth(layer_index, layer) -> int:
+    if layer is None:
+        return 10**9
+    idx = layer_index(layer)
+    return 10**8 if idx is None else idx
+
+
+def _order_key(ev: Event) -> tuple:
+    return (ev.step, ev.end_step, ev.type, ev.kind, "" if ev.layer is None else ev.layer,
+            -1 if ev.rank is None else ev.rank)
+
+
+class EventLog:
+    """Online collapsing: ``add`` hits in step order; ``events`` is the collapsed list."""
+
+    def __init__(self, gap: int, layer_index: Callable[[str | None], int | None] | None = None) -> None:
+        self.gap = gap
+        self.layer_index = layer_index
+        self._events: list[Event] = []
+        self._open: dict[tuple, int] = {}
+
+    def add(self, ev: Event) -> None:
+        """Add one hit, merging it into the open run of its key when close enough."""
+        key = (*ev.key, ev.rank)
+        idx = self._open.get(key)
+        if idx is not None and ev.step <= self._events[idx].end_step + self.gap:
+            self._events[idx] = merge(self._events[idx], ev)
+        else:
+            self._open[key] = len(self._events)
+            self._events.append(ev)
+
+    @property
+    def events(self) -> list[Event]:
+        """Collapsed events in step order (same step: input side first, loss events last)."""
+        if self.layer_index is None:
+            return sorted(self._events, key=_order_key)
+        return sorted(self._events, key=lambda e: (e.step, _depth(self.layer_index, e.layer), _order_key(e)))
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+
+@dataclass(frozen=True)
+class Propagation:
+    """How one event kind spread: the first layer, then each next layer, by first step."""
+
+    type: str
+    kind: str
+    first: Event
+    order: tuple[tuple[str | None, int], ...]  # (layer, first step) in order of appearance
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict."""
+        return {"type": self.type, "kind": self.kind, "first": self.first.to_dict(),
+                "order": [list(x) for x in self.order]}
+
+
+def compress(events: Sequence[Event], layer_index: Callable[[str | None], int | None] | None = None
+             ) -> list[Propagation]:
+    """First occurrence of each (type, kind) and its propagation order across layers.
+
+    Ties on the same step are broken by forward order (input side first) when
+    ``layer_index`` is given, so "which layer first" follows the data flow.
+    """
+    def rank(ev: Event) -> tuple:
+        idx = layer_index(ev.layer) if layer_index else None
+        return (ev.step, -1 if ev.layer is None else (idx if idx is not None else 10**9))
+
+    by_kind: dict[tuple[str, str], list[Event]] = {}
+    for ev in events:
+        by_kind.setdefault((ev.type, ev.kind), []).append(ev)
+    out = []
+    for (type_, kind), evs in by_kind.items():
+        evs = sorted(evs, key=rank)
+        seen: dict[str | None, int] = {}
+        for ev in evs:
+            seen.setdefault(ev.layer, ev.step)
+        out.append(Propagation(type_, kind, evs[0], tuple(seen.items())))
+    return sorted(out, key=lambda p: rank(p.first))

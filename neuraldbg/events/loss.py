@@ -1,0 +1,121 @@
+"""Optimizer instability from the loss curve: spikes, plateaus, divergence."""
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Sequence
+
+import numpy as np
+
+from neuraldbg.events.base import OPTIMIZER, Event, make_event
+from neuraldbg.events.registry import Detector, register_detector
+from neuraldbg.events.stepstats import StepStats
+
+MAD_TO_SIGMA = 1.4826  # MAD of a normal sample times this estimates its standard deviation
+
+
+def robust_z(value: float, window: Sequence[float]) -> float:
+    """Robust z-score of ``value`` against ``window``: (value - median) / (1.4826 * MAD).
+
+    A window with zero spread gives +/-inf for any different value and 0 for an equal one.
+    """
+    w = np.asarray(window, dtype=float)
+    med = float(np.median(w))
+    mad = float(np.median(np.abs(w - med))) * MAD_TO_SIGMA
+    diff = value - med
+    if mad == 0.0:
+        return 0.0 if diff == 0 else math.copysign(math.inf, diff)
+    return diff / mad
+
+
+def is_spike(loss: float, window: Sequence[float], z: float, ratio: float) -> tuple[bool, float]:
+    """A spike is a robust outlier of log loss (z above ``z``) that is also ``ratio`` x the median.
+
+    Returns (is_spike, robust z). Works on positive losses; others are shifted into range
+    by taking logs of ``loss - min(window) + 1`` so negative objectives (GAN, RL) work too.
+    """
+    w = np.asarray(window, dtype=float)
+    if len(w) == 0 or not math.isfinite(loss):
+        return False, 0.0
+    lo = min(float(w.min()), loss)
+    shift = 0.0 if lo > 0 else 1.0 - lo
+    lw = np.log(w + shift)
+    lv = math.log(loss + shift)
+    zz = robust_z(lv, lw)
+    return (zz > z and (loss + shift) > ratio * math.exp(float(np.median(lw)))), zz
+
+
+def relative_improvement(window: Sequence[float], edge: int = 10) -> float:
+    """(median of the first ``edge`` values - median of the last ``edge``) / |first median|."""
+    w = np.asarray(window, dtype=float)
+    edge = max(1, min(edge, len(w) // 2))
+    a = float(np.median(w[:edge]))
+    b = float(np.median(w[-edge:]))
+    if a == 0:
+        return 0.0 if b == 0 else math.copysign(math.inf, a - b)
+    return (a - b) / abs(a)
+
+
+@register_detector("loss")
+class LossInstabilityDetector(Detector):
+    """Spike, plateau and divergence events from the recorded loss (``layer`` is None).
+
+    Divergence is a non-finite loss or sustained growth: the median of the last
+    ``divergence_window`` losses above both ``divergence_factor`` x the first losses' median
+    and ``divergence_best_factor`` x the best window median seen. Plateau: over
+    ``plateau_window`` losses the relative improvement is below ``plateau_rel`` while the
+    loss has made less than ``plateau_max_progress`` relative progress since the start.
+    """
+
+    def __init__(self, config, context) -> None:
+        super().__init__(config, context)
+        self._recent: deque[float] = deque(maxlen=max(config.spike_window, config.plateau_window))
+        self._first: list[float] = []
+        self._best = math.inf
+        self._plateau_ok = context.family not in config.plateau_exempt_families
+
+    def update(self, stats: StepStats) -> list[Event]:
+        """Loss events at this step."""
+        loss = stats.loss
+        if loss is None:
+            return []
+        cfg = self.config
+        step = stats.step
+        if not math.isfinite(loss):
+            return [make_event(OPTIMIZER, "divergence", None, step, 6.0,
+                               {"loss": loss, "nonfinite": 1.0})]
+        events: list[Event] = []
+        recent = list(self._recent)
+        if len(recent) >= cfg.spike_window:
+            window = recent[-cfg.spike_window:]
+            spike, z = is_spike(loss, window, cfg.spike_z, cfg.spike_ratio)
+            start = abs(float(np.median(self._first))) if self._first else 0.0
+            if spike and loss - float(np.median(window)) > cfg.spike_min_jump * start:
+                events.append(make_event(OPTIMIZER, "spike", None, step, min(z, 1e3),
+                                         {"loss": loss, "robust_z": z,
+                                          "window_median": float(np.median(recent[-cfg.spike_window:]))}))
+        self._recent.append(loss)
+        if len(self._first) < cfg.divergence_window:
+            self._first.append(loss)
+        recent = list(self._recent)
+        k = cfg.divergence_window
+        if len(recent) >= k and len(self._first) >= k:
+            now = float(np.median(recent[-k:]))
+            start = float(np.median(self._first))
+            self._best = min(self._best, now)
+            if (start > 0 and now > cfg.divergence_factor * start
+                    and self._best > 0 and now > cfg.divergence_best_factor * self._best):
+                events.append(make_event(OPTIMIZER, "divergence", None, step,
+                                         math.log10(now / self._best),
+                                         {"loss": loss, "window_median": now, "initial_median": start,
+                                          "best_median": self._best}))
+        if self._plateau_ok and len(recent) >= cfg.plateau_window:
+            window = recent[-cfg.plateau_window:]
+            imp = relative_improvement(window)
+            start = float(np.median(self._first))
+            level = float(np.median(window[-10:]))
+            if imp < cfg.plateau_rel and start > 0 and level > (1.0 - cfg.plateau_max_progress) * start:
+                events.append(make_event(OPTIMIZER, "plateau", None, step, 1.0 - max(imp, 0.0) / cfg.plateau_rel,
+                                         {"loss": loss, "relative_improvement": imp,
+                                          "level_vs_start": level / start}))
+        return events

@@ -1,0 +1,73 @@
+"""Registry of detectors (accelerate-style ``register_*``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, TypeVar
+
+from neuraldbg.config import DetectorConfig
+from neuraldbg.events.base import Event
+from neuraldbg.events.stepstats import StepStats
+
+
+@dataclass(frozen=True)
+class DetectorContext:
+    """What a detector knows about the model: family, layers in forward order, their kinds."""
+
+    family: str
+    layer_order: tuple[str, ...]
+    layer_kinds: tuple[tuple[str, str], ...]  # (layer, activation kind)
+    input_layer: str | None
+
+    def index(self, layer: str) -> int:
+        """Forward-order index (unknown layers sort last)."""
+        try:
+            return self.layer_order.index(layer)
+        except ValueError:
+            return len(self.layer_order)
+
+
+class Detector:
+    """Base class: stats in, events out. One small subclass per quantity.
+
+    ``update`` returns *hits*: events observed at this step. The monitor's event log
+    collapses consecutive hits of the same kind in the same layer into one transition.
+    """
+
+    name: str = "detector"
+
+    def __init__(self, config: DetectorConfig, context: DetectorContext) -> None:
+        self.config = config
+        self.context = context
+
+    def update(self, stats: StepStats) -> list[Event]:  # pragma: no cover - abstract
+        """Consume one checked step; return the events seen at it."""
+        raise NotImplementedError
+
+
+DETECTORS: dict[str, type[Detector]] = {}
+D = TypeVar("D", bound=type[Detector])
+
+
+def register_detector(name: str) -> Callable[[D], D]:
+    """Class decorator adding a detector under ``name`` (used by ``NeuralDbg(detectors=...)``)."""
+
+    def deco(cls: D) -> D:
+        if name in DETECTORS and DETECTORS[name] is not cls:
+            raise ValueError(f"detector {name!r} is already registered")
+        cls.name = name
+        DETECTORS[name] = cls
+        return cls
+
+    return deco
+
+
+def build_detectors(names: list[str] | tuple[str, ...] | None, config: DetectorConfig,
+                    context: DetectorContext) -> list[Detector]:
+    """Instantiate the named detectors (all registered ones when ``names`` is None)."""
+    import neuraldbg.events.detectors  # noqa: F401  (registers the built-in detectors)
+
+    names = list(DETECTORS) if names is None else list(names)
+    unknown = [n for n in names if n not in DETECTORS]
+    if unknown:
+        raise ValueError(f"unknown detectors {unknown}; valid: {sorted(DETECTORS)}")
+    return [DETECTORS[n](config, context) for n in names]

@@ -1,0 +1,1 @@
+"""The training monitor: hooks and device-side statistics (see ``monitor.py``)."""
