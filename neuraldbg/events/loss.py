@@ -101,8 +101,10 @@ class LossInstabilityDetector(Detector):
         k = cfg.divergence_window
         if len(recent) >= k and len(self._first) >= k:
             now = float(np.median(recent[-k:]))
-            start = float(np.median(self._first))
-            self._best = min(self._best, now)
+            # the very first loss is measured before any update: a blow-up within the first
+            # window must not contaminate the reference
+            start = min(float(np.median(self._first)), self._first[0])
+            self._best = min(self._best, now, self._first[0])
             if (start > 0 and now > cfg.divergence_factor * start
                     and self._best > 0 and now > cfg.divergence_best_factor * self._best):
                 events.append(make_event(OPTIMIZER, "divergence", None, step,

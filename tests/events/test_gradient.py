@@ -1,0 +1,44 @@
+import math
+
+from neuraldbg.config import DetectorConfig
+from neuraldbg.events.gradient import GradientHealthDetector, exploding_layers, vanishing_layers
+from neuraldbg.events.registry import DetectorContext
+from neuraldbg.events.stepstats import StepStats
+
+CTX = DetectorContext("mlp", ("a", "b", "c"), (), "a")
+
+
+def test_vanishing_relative_and_absolute():
+    out = vanishing_layers({"a": 1e-6, "b": 1e-2, "c": 2e-2}, abs_floor=1e-7, ratio=1e-3)
+    assert set(out) == {"a"} and math.isclose(out["a"], 5e-5)
+    assert set(vanishing_layers({"a": 1e-8}, 1e-7, 1e-3)) == {"a"}  # single layer: absolute only
+    assert vanishing_layers({"a": 1e-3, "b": 1e-2}, 1e-7, 1e-3) == {}
+
+
+def test_exploding_growth_absolute_and_infinite():
+    base = {"a": 0.01, "b": 0.01}
+    assert exploding_layers({"a": 5.0, "b": 0.02}, base, abs_ceiling=10, rel=100, ratio=70, floor=1e-7) == {"a": 500.0}
+    assert set(exploding_layers({"a": 20.0}, {}, abs_ceiling=10, rel=100, ratio=70, floor=1e-7)) == {"a"}
+    assert exploding_layers({"a": math.inf}, {}, abs_ceiling=10, rel=100, ratio=70, floor=1e-7) == {"a": math.inf}
+    # NaN belongs to the data detector; a vanished baseline makes no growth claim
+    assert exploding_layers({"a": math.nan, "b": 1.0}, {"b": 1e-9}, abs_ceiling=10, rel=100, ratio=70,
+                            floor=1e-7) == {}
+
+
+def stats(step, rms):
+    return StepStats(step=step, has_backward=True,
+                     layers={k: {"pgrad_sumsq": v * v * 10, "pgrad_n": 10} for k, v in rms.items()})
+
+
+def test_detector_baseline_then_explosion():
+    det = GradientHealthDetector(DetectorConfig(), CTX)
+    for s in range(5):
+        assert det.update(stats(s, {"a": 0.01, "b": 0.02, "c": 0.01})) == []
+    evs = det.update(stats(5, {"a": 5.0, "b": 0.02, "c": 0.01}))
+    assert [(e.kind, e.layer) for e in evs] == [("exploding", "a")]
+    assert math.isclose(evs[0].measured["growth"], 500.0, rel_tol=1e-6)
+
+
+def test_no_backward_no_events():
+    det = GradientHealthDetector(DetectorConfig(), CTX)
+    assert det.update(StepStats(step=0, layers={"a": {"out_sum": 1.0}})) == []
