@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 # an open range would pull a multi-GB CUDA build.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: venv demo test bench bench-quick priors clean
+.PHONY: venv demo test bench bench-quick clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -27,10 +27,6 @@ bench: venv
 
 bench-quick: venv
 	$(VPY) -m benchmarks run --quick --out bench-out/quick
-
-priors: venv
-	$(VPY) -m benchmarks run --out bench-out/full
-	$(VPY) -m benchmarks tune-all bench-out/full
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
