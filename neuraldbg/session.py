@@ -80,7 +80,13 @@ def trace_from_dict(doc: Any, source: str = "<dict>") -> tuple[Trace, dict]:
         raise ValueError(f"{source} has session schema version {version!r}; this NeuralDBG reads "
                          f"version {SCHEMA_VERSION}")
     try:
-        doc = _dec(doc)
+        # decode "nan"/"inf" strings only where numbers live: an event kind is also "nan"
+        doc = dict(doc)
+        doc["events"] = [{**e, "severity": _dec_float(e.get("severity", 0.0)), "values": _dec(e.get("values", {}))}
+                         for e in doc["events"]]
+        for k in ("loss", "meta", "config"):
+            if k in doc:
+                doc[k] = _dec(doc[k])
         layers = tuple(LayerInfo(name=l["name"], type=l["type"], index=int(l["index"]),
                                  n_params=int(l.get("n_params", 0))) for l in doc["model"]["layers"])
         events = tuple(Event.from_dict(e) for e in doc["events"])

@@ -53,23 +53,38 @@ def _order_key(ev: Event) -> tuple:
             -1 if ev.rank is None else ev.rank)
 
 
-class EventLog:
-    """Online collapsing: ``add`` hits in step order; ``events`` is the collapsed list."""
+#: Separate episodes kept per (type, kind, layer, rank) before later ones are folded into
+#: the last: a condition that flickers for 20,000 steps stays a few records, not thousands.
+MAX_EPISODES = 16
 
-    def __init__(self, gap: int, layer_index: Callable[[str | None], int | None] | None = None) -> None:
+
+class EventLog:
+    """Online collapsing: ``add`` hits in step order; ``events`` is the collapsed list.
+
+    Memory is bounded by the number of keys: after ``max_episodes`` episodes of a key, a
+    new hit extends that key's last episode whatever the gap (``count`` keeps the total,
+    ``end_step`` the last step), so a recurring condition reads as one long episode.
+    """
+
+    def __init__(self, gap: int, layer_index: Callable[[str | None], int | None] | None = None,
+                 max_episodes: int = MAX_EPISODES) -> None:
         self.gap = gap
         self.layer_index = layer_index
+        self.max_episodes = max_episodes
         self._events: list[Event] = []
         self._open: dict[tuple, int] = {}
+        self._episodes: dict[tuple, int] = {}
 
     def add(self, ev: Event) -> None:
         """Add one hit, merging it into the open run of its key when close enough."""
         key = (*ev.key, ev.rank)
         idx = self._open.get(key)
-        if idx is not None and ev.step <= self._events[idx].end_step + self.gap:
+        if idx is not None and (ev.step <= self._events[idx].end_step + self.gap
+                                or self._episodes[key] >= self.max_episodes):
             self._events[idx] = merge(self._events[idx], ev)
         else:
             self._open[key] = len(self._events)
+            self._episodes[key] = self._episodes.get(key, 0) + 1
             self._events.append(ev)
 
     @property

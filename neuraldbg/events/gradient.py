@@ -56,6 +56,13 @@ def exploding_layers(rms_by_layer: dict[str, float], baselines: dict[str, float]
     return out
 
 
+#: Consecutive scaler-overflow steps tolerated before they are reported. GradScaler halves
+#: its scale on each overflow (backoff 0.5), so 16 in a row take the default scale 2**16 down
+#: to 1: overflowing still means the gradients themselves are not finite, not the scaling.
+#: A config field ``scaler_overflow_patience`` overrides it when present.
+OVERFLOW_PATIENCE = 16
+
+
 def _out_rms(stats: StepStats, layer: str) -> float:
     d = stats.layers.get(layer, {})
     n = d.get("out_n", 0)
@@ -68,17 +75,32 @@ class GradientHealthDetector(Detector):
 
     Baseline per layer: median RMS over the first ``warmup_checks`` checked steps with a
     backward pass. Steps without backward (evaluation) are ignored.
+
+    Under a ``GradScaler`` (``stats.grad_scale`` set) a step with non-finite gradients is
+    one the scaler skips: it is ignored unless overflows recur on ``OVERFLOW_PATIENCE``
+    consecutive backward steps, which is then reported as ``exploding`` in every
+    non-finite layer (``overflow_steps`` in the values).
     """
 
     def __init__(self, config, context) -> None:
         super().__init__(config, context)
         self._warm: dict[str, list[float]] = {}
         self._base: dict[str, float] = {}
+        self._overflow_run = 0
+
+    def forget_layer(self, layer: str) -> None:
+        """Drop a layer's baseline (the module behind the name was replaced)."""
+        self._warm.pop(layer, None)
+        self._base.pop(layer, None)
 
     def update(self, stats: StepStats) -> list[Event]:
         """Vanishing/exploding hits at this step."""
         if not stats.has_backward:
             return []
+        if stats.grad_scale is not None:
+            overflow = self._scaler_overflow(stats)
+            if overflow is not None:
+                return overflow
         rms_by_layer = {}
         for layer in stats.layers:
             r = stats.grad_rms(layer)
@@ -107,6 +129,23 @@ class GradientHealthDetector(Detector):
                     "grad_rms": r, "ratio_to_max": rel, "out_rms": _out_rms(stats, layer)}))
         self._learn_baseline(rms_by_layer)
         return events
+
+    def _scaler_overflow(self, stats: StepStats) -> list[Event] | None:
+        """``None`` for a normal step; else the events of a scaler-overflow step (often none)."""
+        bad = stats.nonfinite_grad_layers()
+        if not bad:
+            self._overflow_run = 0
+            return None
+        self._overflow_run += 1
+        patience = getattr(self.config, "scaler_overflow_patience", OVERFLOW_PATIENCE)
+        if self._overflow_run < patience:
+            return []  # the scaler skips this optimizer step and lowers its scale: by design
+        order = {name: i for i, name in enumerate(self.context.layer_order)}
+        return [make_event(GRADIENT, "exploding", layer, stats.step, 6.0, {
+            "grad_rms": math.inf, "baseline_rms": self._base.get(layer, math.nan), "growth": math.inf,
+            "overflow_steps": float(self._overflow_run), "grad_scale": float(stats.grad_scale),
+            "out_rms": _out_rms(stats, layer)})
+            for layer in sorted(bad, key=lambda n: order.get(n, len(order)))]
 
     def _learn_baseline(self, rms_by_layer: dict[str, float]) -> None:
         for layer, r in rms_by_layer.items():

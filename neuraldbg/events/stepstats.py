@@ -22,6 +22,14 @@ class StepStats:
     inputs: dict[str, float] | None = None
     layers: dict[str, dict[str, float]] = field(default_factory=dict)
     has_backward: bool = False
+    #: the GradScaler scale in force during this step's backward (``None``: no scaler);
+    #: gradient sums of squares here are already divided by its square
+    grad_scale: float | None = None
+
+    def nonfinite_grad_layers(self) -> list[str]:
+        """Layers whose parameter-gradient sum of squares is NaN or Inf this step."""
+        return [k for k, d in self.layers.items()
+                if d.get("pgrad_n", 0) > 0 and not math.isfinite(d.get("pgrad_sumsq", 0.0))]
 
     def grad_rms(self, layer: str) -> float | None:
         """RMS of the layer's parameter gradients, ``None`` when it has none this step."""

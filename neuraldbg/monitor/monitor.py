@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import weakref
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Iterable
@@ -29,6 +30,7 @@ from neuraldbg.trace import LayerInfo, LossSummary, Trace
 log = logging.getLogger("neuraldbg")
 
 INPUT_KEY = "<input>"
+MODULE_CHECK_EVERY = 16
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -104,6 +106,9 @@ class _StepBuffer:
     pgrad: dict = field(default_factory=dict)      # id(param) -> (layer, n, tensor): last wins
     inputs: list = field(default_factory=list)     # (n, tensor)
     losses: list = field(default_factory=list)     # float or 0-d tensor
+    scale: Any = None                              # GradScaler scale during this step's backward
+    inv_scale: Any = None                          # its reciprocal, multiplied into gradients
+    eval_skipped: bool = False                     # forwards skipped because the model was in eval()
 
     def empty(self) -> bool:
         return not (self.fwd or self.gout or self.pgrad or self.inputs or self.losses)
@@ -124,11 +129,16 @@ class NeuralDbg(CausalQueries):
         priors: path of a tuned prior file (default: the family's shipped priors).
         output_grads: also record gradients w.r.t. module outputs (eager mode only).
         sync_every: checked steps batched per host transfer (default 1 on CPU, 16 on GPU).
+        scaler: the ``torch.amp.GradScaler`` of a mixed-precision loop, if any. Gradient
+            statistics are then divided by the scale in force during backward, and steps whose
+            gradients the scaler finds non-finite (it skips them) are not failures unless they
+            recur (see ``docs/idioms.md``).
     """
 
     def __init__(self, model: nn.Module, family: str | None = None, optimizer: Any = None, every: int = 1, *,
                  config: DetectorConfig | dict | None = None, detectors: Iterable[str] | None = None,
-                 priors: str | None = None, output_grads: bool = True, sync_every: int | None = None) -> None:
+                 priors: str | None = None, output_grads: bool = True, sync_every: int | None = None,
+                 scaler: Any = None) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"NeuralDbg expects a torch.nn.Module, got {type(model).__name__}")
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
@@ -147,6 +157,15 @@ class NeuralDbg(CausalQueries):
         self.config = config
         self.priors_path = str(priors) if priors is not None else None
         self.output_grads = output_grads
+        if scaler is not None and not (hasattr(scaler, "scale") and hasattr(scaler, "get_scale")):
+            raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
+        self.scaler = scaler
+        self._eval_trains = False  # set when the model is trained in eval() mode (then eval forwards count)
+        # layer name -> (weak ref to the hooked module, its hook handles, ids of its params):
+        # how replaced or renamed modules are noticed and unhooked (weak: an orphan is freed)
+        self._hooked: dict[str, tuple[Any, list, list[int]]] = {}
+        self._hooked_params: set[int] = set()
+        self._consumed = 0
         self._detector_names = None if detectors is None else list(detectors)
         on_gpu = any(p.is_cuda for p in self.root.parameters())
         self.sync_every = sync_every if sync_every is not None else (16 if on_gpu else 1)
@@ -192,16 +211,62 @@ class NeuralDbg(CausalQueries):
     def _register(self) -> None:
         root = self.root
         self._handles.append(root.register_forward_pre_hook(self._on_input, with_kwargs=True))
+        self._hook_modules(self._modules)
+
+    def _hook_modules(self, modules: list[tuple[str, nn.Module]]) -> None:
         owner: dict[int, tuple[str, nn.Parameter]] = {}
-        for name, mod in self._modules:
+        for name, mod in modules:
             kind = self._kinds[name]
-            self._handles.append(mod.register_forward_hook(partial(self._on_output, name, kind,
-                                                                   S.bounds_of(mod), getattr(mod, "dim", None))))
+            h = mod.register_forward_hook(partial(self._on_output, name, kind, S.bounds_of(mod),
+                                                  getattr(mod, "dim", None)))
+            self._handles.append(h)
+            self._hooked[name] = (weakref.ref(mod), [h], [])
             for p in mod.parameters(recurse=False):
-                if p.requires_grad and id(p) not in owner:
+                if p.requires_grad and id(p) not in owner and id(p) not in self._hooked_params:
                     owner[id(p)] = (name, p)
         for name, p in owner.values():
-            self._handles.append(p.register_post_accumulate_grad_hook(partial(self._on_param_grad, name)))
+            h = p.register_post_accumulate_grad_hook(partial(self._on_param_grad, name))
+            self._handles.append(h)
+            self._hooked[name][1].append(h)
+            self._hooked[name][2].append(id(p))
+            self._hooked_params.add(id(p))
+
+    def _check_modules(self) -> None:
+        """Hook modules added or swapped in since the last check (log once per layer name).
+
+        A replaced layer keeps its name but gets a new module; its old hooks stay on the
+        orphan (removed on exit) and detectors forget the layer's baselines, which described
+        the old weights.
+        """
+        if not self._handles:
+            return  # not active (or registration failed): nothing to keep in sync
+        current = monitored_modules(self.root)
+        now = dict(current)
+        stale = [n for n, (ref, _, _) in self._hooked.items() if now.get(n) is None or ref() is not now[n]]
+        new = [(n, m) for n, m in current if n not in self._hooked or self._hooked[n][0]() is not m]
+        if not new and not stale:
+            return
+        for name in stale:
+            # the module left the model or moved under another name (e.g. wrapped by an
+            # adapter): its hooks would report under a wrong or dead name
+            _, handles, pids = self._hooked.pop(name)
+            for h in handles:
+                h.remove()
+            self._hooked_params.difference_update(pids)
+        for name, mod in new:
+            self._kinds[name] = S.activation_kind(mod)
+            self._report(("replaced", name), f"module {name} was added or replaced during training "
+                         f"(now {type(mod).__name__}); monitoring the new module", level=logging.INFO)
+            for det in self._detectors or ():
+                forget = getattr(det, "forget_layer", None)
+                if forget is not None:
+                    forget(name)
+        self._modules = current
+        self._hook_modules(new)
+        if self._detectors is not None:
+            ctx = self._context()  # new layer names join the forward order detectors read
+            for det in self._detectors:
+                det.context = ctx
 
     def _remove(self) -> None:
         for h in self._handles:
@@ -248,9 +313,19 @@ class NeuralDbg(CausalQueries):
             self._start_step(self._step + 1)
 
     # ---- hooks -------------------------------------------------------------------------
+    def _skip_forward(self, buf: _StepBuffer) -> bool:
+        # validation passes (no_grad, or eval() mode) must not mix into training statistics;
+        # a model that is trained in eval() mode is noticed at its first backward (see below)
+        if not buf.active or not torch.is_grad_enabled():
+            return True
+        if not self.root.training and not self._eval_trains:
+            buf.eval_skipped = True
+            return True
+        return False
+
     def _on_input(self, module, args, kwargs):
         buf = self._buf
-        if not buf.active or not torch.is_grad_enabled():
+        if self._skip_forward(buf):
             return None
         try:
             with torch.no_grad():
@@ -263,7 +338,7 @@ class NeuralDbg(CausalQueries):
 
     def _on_output(self, name, kind, bounds, dim, module, inputs, output):
         buf = self._buf
-        if not buf.active or name in self._disabled or not torch.is_grad_enabled():
+        if name in self._disabled or self._skip_forward(buf):
             return None
         try:
             y = _first_tensor(output)
@@ -286,7 +361,7 @@ class NeuralDbg(CausalQueries):
         try:
             if buf is self._buf and buf.active and grad is not None:
                 with torch.no_grad():
-                    buf.gout.append((name, n, S.grad_stats(grad)))
+                    buf.gout.append((name, n, S.grad_stats(grad, self._inv_scale(buf))))
         except Exception as e:  # noqa: BLE001
             self._report((name, "gout", type(e).__name__), f"output-gradient statistics failed: {e!r}")
         return None
@@ -295,11 +370,39 @@ class NeuralDbg(CausalQueries):
         buf = self._buf
         try:
             if buf.active and param.grad is not None:
+                if buf.eval_skipped and not buf.fwd and not self._eval_trains:
+                    # a backward after eval()-mode forwards: this model trains in eval mode
+                    self._eval_trains = True
+                    self._report(("eval_trains",), "the model is trained in eval() mode; its forward "
+                                 "passes are now measured in eval mode too", level=logging.INFO)
                 with torch.no_grad():
-                    buf.pgrad[id(param)] = (name, param.grad.numel(), S.grad_stats(param.grad))
+                    buf.pgrad[id(param)] = (name, param.grad.numel(),
+                                            S.grad_stats(param.grad, self._inv_scale(buf)))
         except Exception as e:  # noqa: BLE001
             self._report((name, "pgrad", type(e).__name__), f"parameter-gradient statistics failed: {e!r}")
         return None
+
+    def _inv_scale(self, buf: _StepBuffer):
+        """1 / the scaler's scale as a device tensor (``None`` without a scaler); no host sync.
+
+        Taken once per step, at its first gradient: ``GradScaler.update()`` changes the scale
+        in place after the step, so a copy keeps the scale these gradients were multiplied
+        by. Unscaling on the device (before squaring) keeps float32 sums from overflowing
+        under the large scales a long run grows to.
+        """
+        if self.scaler is None:
+            return None
+        if buf.scale is None:
+            sc = self.scaler
+            if not sc.is_enabled():
+                return None
+            t = getattr(sc, "_scale", None)  # private, but the only sync-free view of the scale
+            if isinstance(t, torch.Tensor):
+                buf.scale = t.detach().reshape(1).float().clone()
+            else:  # pragma: no cover - a scaler-like object without a tensor scale
+                buf.scale = torch.tensor([float(sc.get_scale())])
+            buf.inv_scale = buf.scale.reciprocal()
+        return buf.inv_scale
 
     # ---- step closing and host transfer ----------------------------------------------
     def _close_step(self) -> None:
@@ -325,6 +428,9 @@ class NeuralDbg(CausalQueries):
         for n, t in buf.inputs:
             layout.append(("input", INPUT_KEY, S.INPUT_FIELDS, n))
             tensors.append(t)
+        if buf.scale is not None:
+            layout.append(("scale", None, ("scale",), 1))
+            tensors.append(buf.scale)
         floats = [x for x in buf.losses if not isinstance(x, torch.Tensor)]
         dev_losses = [x for x in buf.losses if isinstance(x, torch.Tensor)]
         loss_t = torch.stack([x.float() for x in dev_losses]).mean().reshape(1) if dev_losses else None
@@ -342,6 +448,11 @@ class NeuralDbg(CausalQueries):
             self._consume(st)
 
     def _consume(self, st: StepStats) -> None:
+        self._consumed += 1
+        if self._consumed % MODULE_CHECK_EVERY == 1:
+            # a walk of named_modules on the host, so only every few checks: catches layers
+            # added or swapped mid-run within MODULE_CHECK_EVERY checked steps
+            self._safe(self._check_modules, "module check")
         if self._first_step is None:
             self._first_step = st.step
         self._last_step = max(self._last_step, st.step)
@@ -509,6 +620,9 @@ def _to_stepstats(step, layout, host, loss, has_bwd) -> StepStats:
     for group, name, fields, n in layout:
         vals = host[i:i + len(fields)]
         i += len(fields)
+        if group == "scale":
+            st.grad_scale = vals[0]
+            continue
         if group == "input":
             d = st.inputs if st.inputs is not None else {"sum": 0.0, "sumsq": 0.0, "nan": 0.0, "inf": 0.0, "n": 0.0}
             for f, v in zip(fields, vals):

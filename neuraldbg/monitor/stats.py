@@ -122,12 +122,17 @@ def input_stats(x: torch.Tensor) -> torch.Tensor:
     return torch.stack((xf.sum(), (xf * xf).sum(), nan, inf))
 
 
-def grad_stats(g: torch.Tensor) -> torch.Tensor:
-    """Stats of a gradient: :data:`GRAD_FIELDS` (sum of squares; NaN/Inf propagate into it)."""
+def grad_stats(g: torch.Tensor, inv_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Stats of a gradient: :data:`GRAD_FIELDS` (sum of squares; NaN/Inf propagate into it).
+
+    ``inv_scale`` (a 1-element tensor, 1 / a loss scaler's scale) unscales the gradient first.
+    """
     g = g.detach()
     if g.is_sparse:
         g = g.coalesce().values()
     g = g.float()
+    if inv_scale is not None:
+        g = g * inv_scale.to(g.device)
     return (g * g).sum().reshape(1)
 
 

@@ -1,0 +1,137 @@
+"""Merging the per-rank traces of a distributed run into one session.
+
+Each rank of a ``DistributedDataParallel`` job runs its own ``NeuralDbg`` and exports its own
+session (events carry the rank). :func:`merge_sessions` joins them: an event that every
+rank saw at (nearly) the same step is one shared event (``rank`` None); anything else
+stays rank-local with its rank, so "NaN input on rank 1 at step 40" survives as such.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any, Iterable
+
+from neuraldbg.events.base import DATA, Event
+from neuraldbg.trace import Trace
+
+
+def _as_trace(item: Any) -> tuple[Trace, dict]:
+    """A trace (and its document, if any) from a path, Session, NeuralDbg or Trace."""
+    from neuraldbg.session import Session, load_session
+
+    if isinstance(item, Trace):
+        return item, {}
+    if isinstance(item, (str, Path)):
+        item = load_session(item)
+    if isinstance(item, Session):
+        return item.trace(), item.doc
+    if hasattr(item, "trace") and callable(item.trace):  # a live NeuralDbg
+        doc = {"config": item.config.to_dict()} if hasattr(item, "config") else {}
+        return item.trace(), doc
+    raise TypeError(f"merge_sessions expects session paths, Sessions, NeuralDbg monitors or Traces, "
+                    f"got {type(item).__name__}")
+
+
+def _origin(ev: Event) -> tuple:
+    # where a data anomaly entered is part of its identity: NaN input on one rank and the
+    # NaN weights it spreads to the others through the gradient all-reduce are different
+    # findings even when they land on the same layer a step apart
+    return (ev.measured.get("at_input"),) if ev.type == DATA else ()
+
+
+def merge_events(per_rank: dict[int, list[Event]], tolerance: int = 2) -> list[Event]:
+    """Merge per-rank event lists (``rank -> events``).
+
+    An episode is *shared* when every rank has one of the same (type, kind, layer) and origin
+    starting within ``tolerance`` steps of each other; it becomes one event with ``rank``
+    None, the earliest start, the latest end, the largest count and severity, and the
+    earliest rank's measured values. Every other episode is kept with its rank.
+    """
+    ranks = sorted(per_rank)
+    if len(ranks) < 2:
+        return [dataclasses.replace(e, rank=r) for r in ranks for e in per_rank[r]]
+    pools: dict[tuple, dict[int, list[Event]]] = {}
+    for r in ranks:
+        for e in per_rank[r]:
+            pools.setdefault((*e.key, *_origin(e)), {}).setdefault(r, []).append(dataclasses.replace(e, rank=r))
+    out: list[Event] = []
+    for key, by_rank in pools.items():
+        for r in by_rank:
+            by_rank[r].sort(key=lambda e: e.step)
+        base = ranks[0]
+        while by_rank.get(base):
+            ev = by_rank[base].pop(0)
+            match = {base: ev}
+            for r in ranks[1:]:
+                cands = [e for e in by_rank.get(r, []) if abs(e.step - ev.step) <= tolerance]
+                if not cands:
+                    break
+                match[r] = min(cands, key=lambda e: abs(e.step - ev.step))
+            if len(match) < len(ranks):
+                out.append(ev)  # rank-local
+                continue
+            for r, e in match.items():
+                if r != base:
+                    by_rank[r].remove(e)
+            first = min(match.values(), key=lambda e: (e.step, e.rank))
+            out.append(dataclasses.replace(
+                first, rank=None, step=min(e.step for e in match.values()),
+                end_step=max(e.end_step for e in match.values()), count=max(e.count for e in match.values()),
+                severity=max(e.severity for e in match.values())))
+        for r in ranks[1:]:
+            out.extend(by_rank.get(r, []))  # episodes no other rank shared
+    return sorted(out, key=lambda e: (e.step, e.end_step, e.type, e.kind, e.layer or "",
+                                      -1 if e.rank is None else e.rank))
+
+
+def merge_traces(traces: list[Trace], tolerance: int = 2) -> Trace:
+    """One trace for a distributed run from one trace per rank (see :func:`merge_events`)."""
+    if not traces:
+        raise ValueError("merge_sessions needs at least one session")
+    families = {t.family for t in traces}
+    if len(families) > 1:
+        raise ValueError(f"cannot merge sessions of different families {sorted(families)}; "
+                         "pass the per-rank exports of one run")
+    ranks = [t.rank if t.rank is not None else i for i, t in enumerate(traces)]
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"duplicate ranks {ranks}: pass each rank's export once")
+    world = {t.world_size for t in traces if t.world_size is not None}
+    world_size = max(world) if world else len(traces)
+    if len(traces) < world_size:
+        missing = sorted(set(range(world_size)) - set(ranks))
+        logging.getLogger("neuraldbg").warning(
+            "neuraldbg: merging %d of %d ranks (missing %s): events seen on every given rank "
+            "count as shared", len(traces), world_size, missing)
+    order = sorted(range(len(traces)), key=lambda i: ranks[i])
+    traces = [traces[i] for i in order]
+    ranks = [ranks[i] for i in order]
+    events = merge_events({r: list(t.events) for r, t in zip(ranks, traces)}, tolerance)
+    lead = traces[0]
+    nonfinite_steps = [t.loss.first_nonfinite_step for t in traces if t.loss.first_nonfinite_step is not None]
+    # the lowest rank's loss curve stands for the run (every rank trains the same model);
+    # non-finite losses are counted on whichever rank saw most
+    loss = dataclasses.replace(lead.loss, n_nonfinite=max(t.loss.n_nonfinite for t in traces),
+                               first_nonfinite_step=min(nonfinite_steps) if nonfinite_steps else None)
+    meta = dict(lead.meta)
+    meta["merged_ranks"] = tuple(ranks)
+    return Trace(events=tuple(events), layers=lead.layers, family=lead.family,
+                 first_step=min(t.first_step for t in traces), last_step=max(t.last_step for t in traces),
+                 loss=loss, rank=None, world_size=world_size,
+                 meta=tuple(sorted(meta.items())))
+
+
+def merge_sessions(sessions: Iterable[Any], tolerance: int = 2):
+    """Merge per-rank sessions (paths, ``Session`` objects, live monitors or traces) into one
+    :class:`~neuraldbg.session.Session` that answers the same queries.
+
+    Events that all ranks saw within ``tolerance`` steps are deduplicated (``rank`` None);
+    rank-local events keep their rank. The result's ``rank`` is None and ``world_size`` the
+    job's; ``meta['merged_ranks']`` lists the ranks merged.
+    """
+    from neuraldbg.session import Session
+
+    pairs = [_as_trace(s) for s in sessions]
+    trace = merge_traces([t for t, _ in pairs], tolerance)
+    doc = dict(pairs[0][1]) if pairs and pairs[0][1] else {}
+    return Session(trace, doc, None)

@@ -1,0 +1,143 @@
+"""DistributedDataParallel: one NeuralDbg per rank, per-rank exports merged into one session.
+
+Two gloo processes on CPU (torch.multiprocessing spawn) run three scenarios in one process
+group, to pay the start-up once: healthy, NaN input on rank 1 only, learning rate too high.
+"""
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn import functional as F
+
+from neuraldbg import NeuralDbg, load_session, merge_sessions
+from neuraldbg.distributed import merge_events
+from neuraldbg.events.base import DATA, GRADIENT, OPTIMIZER, make_event
+
+WORLD = 2
+STEPS = 32
+NAN_STEP = 20
+SCENARIOS = {"healthy": 1e-2, "nan_rank1": 1e-2, "lr_high": 30.0}  # Adam learning rates
+
+
+def _worker(rank, port, out_dir):
+    import os
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        for name, lr in SCENARIOS.items():
+            torch.manual_seed(0)  # the same initial weights on every rank, as DDP expects
+            model = nn.parallel.DistributedDataParallel(
+                nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 3)))
+            opt = torch.optim.Adam(model.parameters(), lr=lr)
+            gen = torch.Generator().manual_seed(100 + rank)  # each rank its own shard of data
+            with NeuralDbg(model, optimizer=opt) as dbg:
+                for step in range(STEPS):
+                    x = torch.randn(16, 8, generator=gen)
+                    y = x[:, :3].argmax(dim=1)
+                    if name == "nan_rank1" and rank == 1 and step == NAN_STEP:
+                        x[0, 0] = float("nan")
+                    opt.zero_grad()
+                    loss = F.cross_entropy(model(x), y)
+                    loss.backward()
+                    dbg.record_loss(loss)
+                    opt.step()
+            dbg.export_aquarium_package(f"{out_dir}/{name}_rank{rank}.json")
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp")
+    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
+    return {name: [str(out / f"{name}_rank{r}.json") for r in range(WORLD)] for name in SCENARIOS}
+
+
+def test_each_rank_records_rank_and_world_size(runs):
+    for r, path in enumerate(runs["lr_high"]):
+        s = load_session(path)
+        assert s.doc["rank"] == r and s.doc["world_size"] == WORLD
+        assert s.events and all(e.rank == r for e in s.events)
+
+
+def test_healthy_run_has_no_events_on_any_rank(runs):
+    for path in runs["healthy"]:
+        assert load_session(path).events == []
+    merged = merge_sessions(runs["healthy"])
+    assert merged.events == [] and merged.trace().world_size == WORLD
+
+
+def test_nan_input_on_one_rank_is_kept_with_that_rank(runs):
+    merged = merge_sessions(runs["nan_rank1"])
+    data = [e for e in merged.events if e.type == DATA]
+    first = data[0]
+    assert (first.kind, first.rank, first.step, first.layer) == ("nan", 1, NAN_STEP, "0")
+    assert first.measured["at_input"] == 1.0
+    # rank 0 only gets NaN weights through the gradient all-reduce: born inside, a step later
+    assert all(e.rank == 0 and e.measured["at_input"] == 0.0 for e in data[1:])
+    assert merged.trace().meta and dict(merged.trace().meta)["merged_ranks"] == (0, 1)
+    top = merged.get_causal_hypotheses()[0]
+    assert (top.cause, top.state, top.onset_step) == ("data", "corrupted", NAN_STEP)
+    onset = [e for e in top.evidence if e.step == top.onset_step and e.type == DATA]
+    assert onset and onset[0].rank == 1  # the evidence at the onset names the rank
+
+
+def test_lr_too_high_gives_the_same_events_on_all_ranks(runs):
+    per_rank = [{(e.type, e.kind, e.layer) for e in load_session(p).events} for p in runs["lr_high"]]
+    assert per_rank[0] and per_rank[0] & per_rank[1]
+    merged = merge_sessions(runs["lr_high"])
+    shared = [e for e in merged.events if e.rank is None]
+    assert shared, "events every rank saw are deduplicated to rank None"
+    assert len(merged.events) < sum(len(load_session(p).events) for p in runs["lr_high"])
+    tops = [(h.cause, h.state) for h in (load_session(p).get_causal_hypotheses()[0] for p in runs["lr_high"])]
+    top = merged.get_causal_hypotheses()[0]
+    assert tops == [("learning_rate", "too_high")] * WORLD and (top.cause, top.state) == tops[0]
+
+
+def test_merged_session_round_trips_and_answers_queries(runs, tmp_path):
+    merged = merge_sessions(runs["nan_rank1"])
+    path = merged.export_aquarium_package(tmp_path / "merged.json")
+    back = load_session(path)
+    key = lambda evs: [(e.type, e.kind, e.layer, e.step, e.end_step, e.count, e.rank) for e in evs]  # noqa: E731
+    assert key(back.events) == key(merged.events)  # (values hold NaN losses: compare the records' identity)
+    assert back.doc["world_size"] == WORLD and back.doc["rank"] is None
+
+
+# ---- merge rules, without processes -------------------------------------------------------
+
+def ev(type_, kind, layer, step, rank, **values):
+    return make_event(type_, kind, layer, step, 1.0, values, rank=rank)
+
+
+def test_merge_events_dedupes_simultaneous_and_keeps_local():
+    r0 = [ev(GRADIENT, "exploding", "fc", 10, 0), ev(OPTIMIZER, "spike", None, 30, 0)]
+    r1 = [ev(GRADIENT, "exploding", "fc", 11, 1), ev(DATA, "nan", "fc", 5, 1, at_input=1.0)]
+    out = merge_events({0: r0, 1: r1})
+    assert [(e.kind, e.rank, e.step) for e in out] == [("nan", 1, 5), ("exploding", None, 10), ("spike", 0, 30)]
+
+
+def test_merge_events_tolerance_and_data_origin():
+    r0 = [ev(GRADIENT, "vanishing", "fc", 10, 0), ev(DATA, "nan", "fc", 6, 0, at_input=0.0)]
+    r1 = [ev(GRADIENT, "vanishing", "fc", 20, 1), ev(DATA, "nan", "fc", 5, 1, at_input=1.0)]
+    out = merge_events({0: r0, 1: r1}, tolerance=2)
+    assert all(e.rank is not None for e in out) and len(out) == 4
+
+
+def test_merge_sessions_rejects_bad_input(runs):
+    with pytest.raises(ValueError, match="at least one"):
+        merge_sessions([])
+    with pytest.raises(ValueError, match="duplicate ranks"):
+        merge_sessions([runs["healthy"][0], runs["healthy"][0]])
+    with pytest.raises(TypeError, match="expects session paths"):
+        merge_sessions([42])
