@@ -37,6 +37,11 @@ class DetectorConfig:
     #: layer also grew against its own baseline (AutoTrainer: first/last ratio > 70)
     explode_ratio: float = 70.0
 
+    #: consecutive GradScaler overflow steps tolerated before they are reported: the scaler
+    #: halves its scale per overflow, so 16 in a row take the default 2**16 down to 1, after
+    #: which the gradients themselves are not finite, not merely the scaling
+    scaler_overflow_patience: int = 16
+
     # -- activation regime ----------------------------------------------------------------
     #: dead: fraction of ReLU units never active over the batch (70-90% in the literature)
     dead_fraction: float = 0.7

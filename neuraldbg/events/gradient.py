@@ -56,13 +56,6 @@ def exploding_layers(rms_by_layer: dict[str, float], baselines: dict[str, float]
     return out
 
 
-#: Consecutive scaler-overflow steps tolerated before they are reported. GradScaler halves
-#: its scale on each overflow (backoff 0.5), so 16 in a row take the default scale 2**16 down
-#: to 1: overflowing still means the gradients themselves are not finite, not the scaling.
-#: A config field ``scaler_overflow_patience`` overrides it when present.
-OVERFLOW_PATIENCE = 16
-
-
 def _out_rms(stats: StepStats, layer: str) -> float:
     d = stats.layers.get(layer, {})
     n = d.get("out_n", 0)
@@ -77,7 +70,7 @@ class GradientHealthDetector(Detector):
     backward pass. Steps without backward (evaluation) are ignored.
 
     Under a ``GradScaler`` (``stats.grad_scale`` set) a step with non-finite gradients is
-    one the scaler skips: it is ignored unless overflows recur on ``OVERFLOW_PATIENCE``
+    one the scaler skips: it is ignored unless overflows recur on ``config.scaler_overflow_patience``
     consecutive backward steps, which is then reported as ``exploding`` in every
     non-finite layer (``overflow_steps`` in the values).
     """
@@ -137,7 +130,7 @@ class GradientHealthDetector(Detector):
             self._overflow_run = 0
             return None
         self._overflow_run += 1
-        patience = getattr(self.config, "scaler_overflow_patience", OVERFLOW_PATIENCE)
+        patience = self.config.scaler_overflow_patience
         if self._overflow_run < patience:
             return []  # the scaler skips this optimizer step and lowers its scale: by design
         order = {name: i for i, name in enumerate(self.context.layer_order)}

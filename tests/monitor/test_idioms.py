@@ -8,7 +8,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from neuraldbg import NeuralDbg
-from neuraldbg.events.gradient import OVERFLOW_PATIENCE
+from neuraldbg.config import DetectorConfig
+
+OVERFLOW_PATIENCE = DetectorConfig().scaler_overflow_patience
 from neuraldbg.monitor import monitor as M
 
 
