@@ -1,0 +1,119 @@
+"""The causal queries: ``posterior``, ``hypotheses``, ``explain``, ``causal_chain``, ``couplings``.
+
+Every query takes a :class:`~neuraldbg.trace.Trace` and a prior source (``priors``: a path
+to a tuned prior file, a :class:`~neuraldbg.priors.Priors`, or ``None`` for the shipped
+priors of ``trace.family``). Light to import: numpy and the pure-Python network declaration,
+never pgmpy. The compiled network is cached per prior source (fingerprint of the validated
+content), so a query after the first costs the feature extraction plus one enumeration.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from neuraldbg.causal import evidence as _evidence
+from neuraldbg.causal import hypotheses as _hyp
+from neuraldbg.causal.compiled import CompiledNetwork
+from neuraldbg.causal.couplings import couplings as _couplings
+from neuraldbg.causal.cpd import build_cpds
+from neuraldbg.causal.types import CausalChain, Coupling, Hypothesis, Posterior
+from neuraldbg.events.base import validate_failure_type
+from neuraldbg.priors import Priors, load_priors
+from neuraldbg.trace import Trace
+
+log = logging.getLogger("neuraldbg")
+
+REPORT_FLOOR = _hyp.REPORT_FLOOR
+
+_lock = threading.Lock()
+_compiled: dict[str, CompiledNetwork] = {}
+
+
+def resolve_priors(trace: Trace | None = None, priors: Any = None, family: str | None = None) -> Priors:
+    """The :class:`Priors` for a query: ``priors`` if given (path or object), else the
+    shipped priors of ``family`` or ``trace.family``."""
+    if isinstance(priors, Priors):
+        return priors
+    fam = family if family is not None else (trace.family if trace is not None else None)
+    if priors is not None:
+        if not isinstance(priors, (str, os.PathLike)):
+            raise TypeError(f"priors must be a path, a Priors or None, got {type(priors).__name__}")
+        return load_priors(family=fam, path=priors)
+    return load_priors(family=fam)
+
+
+def compiled(priors: Priors) -> CompiledNetwork:
+    """The compiled network of a prior source (built once per distinct content)."""
+    net = _compiled.get(priors.fingerprint)
+    if net is None:
+        with _lock:
+            net = _compiled.get(priors.fingerprint)
+            if net is None:
+                cpds = build_cpds(priors.roots, priors.cpds)
+                net = CompiledNetwork(cpds, temperature=priors.temperature, source=priors.source)
+                _compiled[priors.fingerprint] = net
+                log.debug("compiled causal network for %s (%d hidden states)", priors.source, net.n_hidden)
+    return net
+
+
+def _setup(trace: Trace, priors: Any) -> tuple[CompiledNetwork, _evidence.Evidence, Posterior]:
+    if not isinstance(trace, Trace):
+        raise TypeError(f"expected a neuraldbg.trace.Trace, got {type(trace).__name__}")
+    pri = resolve_priors(trace, priors)
+    net = compiled(pri)
+    ev = _evidence.extract(trace)
+    marg, p_ok = net.posterior(ev.observed)
+    post = Posterior(marg, p_ok, evidence=ev.observed, source=pri.source)
+    return net, ev, post
+
+
+def evidence(trace: Trace) -> _evidence.Evidence:
+    """The discretized evidence of ``trace`` (what the posterior conditions on)."""
+    return _evidence.extract(trace)
+
+
+def posterior(trace: Trace, priors: Any = None) -> Posterior:
+    """Every root variable's posterior distribution plus ``"healthy"`` (see :class:`Posterior`)."""
+    return _setup(trace, priors)[2]
+
+
+def hypotheses(trace: Trace, priors: Any = None, *, floor: float = REPORT_FLOOR) -> list[Hypothesis]:
+    """One :class:`Hypothesis` per abnormal root state with posterior >= ``floor``, highest first."""
+    net, ev, post = _setup(trace, priors)
+    return _hyp.hypotheses(trace, post, net, ev, floor)
+
+
+def explain(trace: Trace, failure_type: str | None, priors: Any = None, *,
+            floor: float = REPORT_FLOOR) -> list[Hypothesis]:
+    """Hypotheses (>= ``floor``) that explain ``failure_type``; all of them for ``None``.
+
+    Raises ``ValueError`` naming the six valid failure types for an unknown one.
+    """
+    if failure_type is not None:
+        validate_failure_type(failure_type)
+    net, ev, post = _setup(trace, priors)
+    return _hyp.explain(trace, post, net, ev, failure_type, floor)
+
+
+def causal_chain(trace: Trace, failure_type: str, priors: Any = None) -> CausalChain:
+    """Root cause -> first event (layer, step) -> propagation; empty with a reason if the
+    failure did not occur."""
+    validate_failure_type(failure_type)
+    net, ev, post = _setup(trace, priors)
+    return _hyp.chain(trace, post, net, ev, failure_type)
+
+
+def couplings(trace: Trace) -> list[Coupling]:
+    """Pairs of event kinds co-occurring in a layer or adjacent layers beyond chance."""
+    if not isinstance(trace, Trace):
+        raise TypeError(f"expected a neuraldbg.trace.Trace, got {type(trace).__name__}")
+    return _couplings(trace)
+
+
+def clear_cache() -> None:
+    """Forget compiled networks (tests; after editing a prior file in place, the loader
+    already notices the new modification time)."""
+    with _lock:
+        _compiled.clear()

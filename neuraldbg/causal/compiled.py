@@ -1,0 +1,179 @@
+"""Exact inference by enumeration over the hidden joint, compiled to numpy tables.
+
+The hidden variables are the four roots (3*3*3*2 = 54 states) and the latent mechanisms
+(3*3); together they have a few hundred joint states. For each evidence variable we keep a
+log-table ``L_e[h, s] = log P(e = s | parents(h))``, plus one column of zeros for
+"unobserved", so a query is a sum of gathered columns, one ``exp`` and a few ``bincount``s:
+tens of microseconds, and vectorized over many cases at once. Unobserved evidence uses the
+zero column, i.e. it is marginalized exactly (its CPD column sums to 1), never read as absent.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from neuraldbg.causal.cpd import Cpd
+from neuraldbg.causal.structure import EVIDENCE_NAMES, LATENT_NAMES, ROOT_NAMES, states_of
+
+
+class ImpossibleEvidence(ValueError):
+    """The evidence has probability zero under every hidden state (only with fitted zeros)."""
+
+
+class CompiledNetwork:
+    """The network's CPDs as enumeration tables. Immutable after construction."""
+
+    def __init__(self, cpds: Mapping[str, Cpd], temperature: float = 1.0, source: str = "") -> None:
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature!r}")
+        self.temperature = float(temperature)
+        self.source = source
+        self.hidden = ROOT_NAMES + LATENT_NAMES
+        self.evidence_names = EVIDENCE_NAMES
+        self.states = {v: states_of(v) for v in self.hidden + EVIDENCE_NAMES}
+        cards = [len(self.states[v]) for v in self.hidden]
+        grid = np.indices(cards).reshape(len(cards), -1)
+        self.n_hidden = grid.shape[1]
+        self.index = {v: grid[i] for i, v in enumerate(self.hidden)}
+
+        def column(cpd: Cpd) -> np.ndarray:  # P(var | parents) for every hidden state: (card, H)
+            return cpd.values[(slice(None),) + tuple(self.index[p] for p in cpd.parents)]
+
+        with np.errstate(divide="ignore"):
+            root_prior = np.zeros(self.n_hidden)
+            for v in ROOT_NAMES:
+                root_prior += np.log(cpds[v].values[self.index[v]])
+            latent = np.zeros(self.n_hidden)
+            for v in LATENT_NAMES:
+                latent += np.log(column(cpds[v])[self.index[v], np.arange(self.n_hidden)])
+            self.log_prior = root_prior + latent
+            # (H, card + 1): the extra zero column stands for "unobserved"
+            self.log_tables = [
+                np.concatenate([np.log(column(cpds[e]).T), np.zeros((self.n_hidden, 1))], axis=1)
+                for e in EVIDENCE_NAMES
+            ]
+        # row-major copies for batches: one gather of whole rows per evidence variable
+        self._tables_by_state = [np.ascontiguousarray(t.T) for t in self.log_tables]
+        self._onehot = {v: np.eye(len(self.states[v]))[self.index[v]] for v in ROOT_NAMES}  # (H, card)
+        self.evidence_pos = {e: i for i, e in enumerate(EVIDENCE_NAMES)}
+        self.state_pos = {v: {s: i for i, s in enumerate(self.states[v])} for v in self.states}
+        # root joint index of every hidden state (0..53) and the all-ok mask
+        root_cards = [len(self.states[v]) for v in ROOT_NAMES]
+        self.root_joint = np.ravel_multi_index([self.index[v] for v in ROOT_NAMES], root_cards)
+        self.n_root_joint = int(np.prod(root_cards))
+        self.healthy_mask = np.all([self.index[v] == 0 for v in ROOT_NAMES], axis=0)
+        # P(e = s | root joint), latents summed out: for attributing evidence to hypotheses
+        w = np.exp(latent)
+        self.root_likelihood = {}
+        for e, table in zip(EVIDENCE_NAMES, self.log_tables):
+            p = np.exp(table[:, :-1]) * w[:, None]
+            m = np.stack([np.bincount(self.root_joint, weights=p[:, s], minlength=self.n_root_joint)
+                          for s in range(p.shape[1])], axis=1)
+            self.root_likelihood[e] = m
+        self.root_cards = root_cards
+
+    # ---- encoding ----------------------------------------------------------------------
+    def _check(self, name: str, state: str) -> int:
+        if name not in self.evidence_pos:
+            raise ValueError(f"unknown evidence variable {name!r}; valid: {', '.join(EVIDENCE_NAMES)}")
+        pos = self.state_pos[name].get(state)
+        if pos is None:
+            raise ValueError(f"unknown state {state!r} of {name}; valid: {', '.join(self.states[name])}")
+        return pos
+
+    def encode(self, evidence: Mapping[str, str]) -> np.ndarray:
+        """Evidence dict (single states) -> state-index vector, ``-1`` = unobserved."""
+        vec = np.full(len(EVIDENCE_NAMES), -1, dtype=np.intp)
+        for name, state in evidence.items():
+            if not isinstance(state, str):
+                raise ValueError(f"encode() takes single states; {name} = {state!r} is a set "
+                                 "(use posterior() for partial observations)")
+            vec[self.evidence_pos[name]] = self._check(name, state)
+        return vec
+
+    def root_joint_index(self, assignment: Mapping[str, str]) -> int:
+        """Index (0..53) of a full root assignment; missing roots default to ``ok``."""
+        idx = [self.state_pos[v][assignment.get(v, "ok")] for v in ROOT_NAMES]
+        return int(np.ravel_multi_index(idx, self.root_cards))
+
+    # ---- inference ---------------------------------------------------------------------
+    def log_joint(self, codes: np.ndarray) -> np.ndarray:
+        """Unnormalized log P(hidden, evidence) for a batch of encoded cases: (N, H)."""
+        codes = np.atleast_2d(codes)
+        ll = np.zeros((codes.shape[0], self.n_hidden))
+        for j, rows in enumerate(self._tables_by_state):
+            col = codes[:, j]
+            if np.all(col < 0):
+                continue
+            ll += rows[np.where(col < 0, rows.shape[0] - 1, col)]
+        if self.temperature != 1.0:
+            ll /= self.temperature
+        return ll + self.log_prior
+
+    def log_joint_one(self, evidence: Mapping[str, str | Sequence[str]]) -> np.ndarray:
+        """Unnormalized log P(hidden, evidence) for one case: (H,).
+
+        A value may be a set of states (a partial observation: "one of these"), whose
+        likelihood is the sum of the states' likelihoods.
+        """
+        ll = np.zeros(self.n_hidden)
+        for name, state in evidence.items():
+            if name not in self.evidence_pos:
+                raise ValueError(f"unknown evidence variable {name!r}; valid: {', '.join(EVIDENCE_NAMES)}")
+            table = self.log_tables[self.evidence_pos[name]]
+            if isinstance(state, str):
+                ll += table[:, self._check(name, state)]
+            else:
+                idx = sorted({self._check(name, s) for s in state})
+                if not idx:
+                    raise ValueError(f"empty state set for {name}")
+                ll += np.logaddexp.reduce(table[:, idx], axis=1) if len(idx) > 1 else table[:, idx[0]]
+        if self.temperature != 1.0:
+            ll /= self.temperature
+        return ll + self.log_prior
+
+    def _normalize(self, lj: np.ndarray) -> np.ndarray:
+        top = lj.max(axis=-1, keepdims=True)
+        if not np.all(np.isfinite(top)):
+            raise ImpossibleEvidence("evidence has zero probability under the model")
+        p = np.exp(lj - top)
+        return p / p.sum(axis=-1, keepdims=True)
+
+    def posterior_batch(self, codes: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Root marginals ``{var: (N, card)}`` and ``P(healthy)`` ``(N,)`` for encoded cases."""
+        p = self._normalize(self.log_joint(codes))
+        marg = {v: p @ self._onehot[v] for v in ROOT_NAMES}
+        return marg, p @ self.healthy_mask.astype(float)
+
+    def posterior(self, evidence: Mapping[str, str | Sequence[str]]) -> tuple[dict[str, dict[str, float]], float]:
+        """Root marginals ``{var: {state: p}}`` and ``P(healthy)`` for one evidence dict."""
+        p = self._normalize(self.log_joint_one(evidence))
+        marg = {}
+        for v in ROOT_NAMES:
+            probs = np.bincount(self.index[v], weights=p, minlength=len(self.states[v]))
+            marg[v] = {s: float(x) for s, x in zip(self.states[v], probs)}
+        return marg, float(p[self.healthy_mask].sum())
+
+    def root_joint_posterior(self, evidence: Mapping[str, str | Sequence[str]]) -> np.ndarray:
+        """Posterior over the 54 root joint states (index with :meth:`root_joint_index`)."""
+        p = self._normalize(self.log_joint_one(evidence))
+        return np.bincount(self.root_joint, weights=p, minlength=self.n_root_joint)
+
+    def likelihood_ratio(self, variable: str, state: str | Sequence[str], cause: str, cause_state: str) -> float:
+        """``P(variable = state | cause = cause_state, other roots ok) / P(... | all ok)``.
+
+        How much one observed evidence variable, alone, favours one abnormal root state
+        over a healthy run; used to attribute events to hypotheses. ``state`` may be a set.
+        """
+        m = self.root_likelihood[variable]
+        states = [state] if isinstance(state, str) else list(state)
+        cols = [self._check(variable, s) for s in states]
+        num = m[self.root_joint_index({cause: cause_state}), cols].sum()
+        den = m[self.root_joint_index({}), cols].sum()
+        return float(num / den) if den > 0 else float("inf")
+
+    def cases(self, evidence_list: Sequence[Mapping[str, str]]) -> np.ndarray:
+        """Encode many evidence dicts into an ``(N, n_evidence)`` code matrix."""
+        return np.stack([self.encode(e) for e in evidence_list]) if evidence_list else \
+            np.empty((0, len(EVIDENCE_NAMES)), dtype=np.intp)

@@ -1,0 +1,188 @@
+"""Result records of the causal engine: plain, frozen, tensor-free.
+
+Everything here is built from :class:`~neuraldbg.events.base.Event` records and floats, so a
+result can be hashed, compared, pickled, printed and written to JSON without torch or pgmpy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from neuraldbg.events.base import Event
+
+
+#: events shown by ``str(CausalChain)`` before eliding the rest
+MAX_LINKS = 8
+
+
+def _short(e: Event) -> str:
+    where = e.layer if e.layer is not None else "loss"
+    return f"{e.kind} in {where} at step {e.step}"
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One abnormal root-cause state, ranked by its posterior marginal.
+
+    ``cause``/``state`` name a root variable and one of its abnormal states (API.md table);
+    ``probability`` is ``P(cause = state | evidence)``; ``evidence`` holds the events whose
+    observation raised that probability (the likelihood ratio of their evidence variable
+    favours this state over "all ok"). ``str(h)`` is ``h.description``.
+    """
+
+    cause: str
+    state: str
+    probability: float
+    failure_type: str
+    origin_layer: str | None
+    onset_step: int | None
+    evidence: tuple[Event, ...]
+    suggested_fix: str
+    description: str
+
+    def __str__(self) -> str:
+        return self.description
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (events as dicts)."""
+        return {
+            "cause": self.cause,
+            "state": self.state,
+            "probability": self.probability,
+            "failure_type": self.failure_type,
+            "origin_layer": self.origin_layer,
+            "onset_step": self.onset_step,
+            "evidence": [e.to_dict() for e in self.evidence],
+            "suggested_fix": self.suggested_fix,
+            "description": self.description,
+        }
+
+
+@dataclass(frozen=True)
+class CausalChain:
+    """Root cause -> first event -> propagation, for one failure type.
+
+    An empty chain (``cause is None``, ``first_event is None``) carries the ``reason`` why
+    there is nothing to trace; ``bool(chain)`` is ``False`` then.
+    """
+
+    failure_type: str
+    cause: str | None
+    state: str | None
+    probability: float
+    first_event: Event | None
+    propagation: tuple[Event, ...] = ()
+    reason: str = ""
+
+    @property
+    def first_layer(self) -> str | None:
+        """Layer of the first event (``None`` for a loss event or an empty chain)."""
+        return self.first_event.layer if self.first_event is not None else None
+
+    @property
+    def first_step(self) -> int | None:
+        """Step of the first event (``None`` for an empty chain)."""
+        return self.first_event.step if self.first_event is not None else None
+
+    @property
+    def empty(self) -> bool:
+        """True when the failure type did not occur (see ``reason``)."""
+        return self.first_event is None
+
+    @property
+    def events(self) -> tuple[Event, ...]:
+        """First event followed by the propagation, in order."""
+        return ((self.first_event,) if self.first_event is not None else ()) + self.propagation
+
+    def __bool__(self) -> bool:
+        return not self.empty
+
+    def __str__(self) -> str:
+        if self.empty:
+            return f"{self.failure_type}: no chain ({self.reason})"
+        head = (f"{self.cause}={self.state} (p={self.probability:.2f})" if self.cause
+                else "unexplained (no root cause above the reporting floor)")
+        evs = self.events
+        links = [head] + [_short(e) for e in evs[:MAX_LINKS]]
+        if len(evs) > MAX_LINKS:
+            links.append(f"... {len(evs) - MAX_LINKS} more")
+        return f"{self.failure_type}: " + " -> ".join(links)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "failure_type": self.failure_type,
+            "cause": self.cause,
+            "state": self.state,
+            "probability": self.probability,
+            "first_layer": self.first_layer,
+            "first_step": self.first_step,
+            "first_event": self.first_event.to_dict() if self.first_event else None,
+            "propagation": [e.to_dict() for e in self.propagation],
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class Coupling:
+    """Two event kinds that co-occur in a layer or adjacent layers more often than chance.
+
+    ``kind_a``/``kind_b`` are event kinds (unique across event types, e.g. ``vanishing``,
+    ``saturated``), ``a`` being the kind that starts first.
+    ``strength`` is the lift ``P(a near b) / (P(a) P(b near))`` over (layer, step-bin) cells,
+    ``co_occurrences`` the cells where both occur, ``expected`` the count chance predicts,
+    ``p_value`` the one-sided hypergeometric tail of seeing at least that many, and ``lag``
+    the median number of steps from ``a``'s onset to ``b``'s onset where they co-occur.
+    """
+
+    kind_a: str
+    kind_b: str
+    layers: tuple[str, ...]
+    relation: str  # "same_layer" or "adjacent_layers"
+    lag: float
+    strength: float
+    co_occurrences: int
+    expected: float
+    p_value: float
+    first_step: int
+
+    def __str__(self) -> str:
+        where = ", ".join(self.layers[:4]) + ("..." if len(self.layers) > 4 else "")
+        return (f"{self.kind_a} + {self.kind_b} ({self.relation.replace('_', ' ')}: {where}), "
+                f"lift {self.strength:.2f}, {self.co_occurrences} co-occurrences vs {self.expected:.2f} "
+                f"by chance (p={self.p_value:.2g}), lag {self.lag:+g} steps, from step {self.first_step}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+
+class Posterior(dict):
+    """``variable -> {state: p}`` for every root variable, plus ``"healthy"``.
+
+    ``posterior["healthy"] == {"yes": p, "no": 1 - p}`` with ``p = P(all root causes ok |
+    evidence)``, also available as ``.p_healthy``. ``.evidence`` holds the discretized
+    evidence the posterior conditions on (unobserved variables are absent), ``.source`` the
+    prior source (family name or file path).
+    """
+
+    def __init__(self, marginals: Mapping[str, Mapping[str, float]], p_healthy: float,
+                 evidence: Mapping[str, str] | None = None, source: str = "") -> None:
+        super().__init__({v: dict(d) for v, d in marginals.items()})
+        self["healthy"] = {"yes": float(p_healthy), "no": float(1.0 - p_healthy)}
+        self.p_healthy = float(p_healthy)
+        self.evidence = dict(evidence or {})
+        self.source = source
+
+    def abnormal(self) -> list[tuple[str, str, float]]:
+        """Every abnormal ``(variable, state, p)``, most probable first."""
+        out = [(v, s, p) for v, d in self.items() if v != "healthy"
+               for s, p in d.items() if s != "ok"]
+        return sorted(out, key=lambda t: -t[2])
+
+    def __repr__(self) -> str:
+        return f"Posterior(p_healthy={self.p_healthy:.4f}, {dict.__repr__(self)})"
+
+    def __reduce__(self):  # keep extra attributes through pickle/copy
+        marg = {k: v for k, v in self.items() if k != "healthy"}
+        return (Posterior, (marg, self.p_healthy, self.evidence, self.source))

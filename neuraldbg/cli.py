@@ -1,0 +1,219 @@
+"""The ``neuraldbg`` command line.
+
+``main()`` only builds the top-level parser and dispatches: each subcommand registers its
+own parser with :func:`command` (``explain`` here; ``tune-priors`` joins the same way).
+Errors a user can fix (missing file, bad session, bad prior file) print one line on stderr
+and exit with status 1; usage errors exit with status 2 (argparse).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import Any, Callable, Sequence
+
+log = logging.getLogger("neuraldbg")
+
+#: subcommand name -> function adding its parser to the subparsers object
+COMMANDS: dict[str, Callable[[Any], argparse.ArgumentParser]] = {}
+
+
+def command(name: str) -> Callable[[Callable[[Any], argparse.ArgumentParser]], Callable[[Any], argparse.ArgumentParser]]:
+    """Register ``fn(subparsers) -> parser`` as subcommand ``name``; the parser must set
+    ``func`` (via ``set_defaults``) to the callable that runs it and returns an exit code."""
+    def deco(fn):
+        COMMANDS[name] = fn
+        return fn
+    return deco
+
+
+class UserError(Exception):
+    """An error message for the user (no traceback)."""
+
+
+# ---- explain ------------------------------------------------------------------------------
+
+@command("explain")
+def _explain_parser(sub: Any) -> argparse.ArgumentParser:
+    from neuraldbg.events.base import FAILURE_TYPES
+
+    p = sub.add_parser(
+        "explain", help="rank the root causes of an exported session (offline)",
+        description="Print the ranked hypotheses, causal chains and posterior of one or more "
+                    "sessions written by dbg.export_aquarium_package(path).")
+    p.add_argument("sessions", nargs="+", metavar="SESSION.json", help="exported session file(s)")
+    p.add_argument("-f", "--failure-type", choices=list(FAILURE_TYPES), default=None,
+                   help="only hypotheses explaining this failure type, and its chain")
+    p.add_argument("--priors", metavar="FILE", default=None,
+                   help="tuned prior file (default: the one recorded in the session, else the family's)")
+    p.add_argument("--family", default=None, help="use this family's shipped priors instead of the session's")
+    p.add_argument("--floor", type=float, default=None,
+                   help="reporting floor on the posterior (default: the engine's, 0.2)")
+    p.add_argument("--couplings", action="store_true", help="also list coupled failures")
+    p.add_argument("--evidence", action="store_true", help="also print the discretized evidence")
+    p.add_argument("--json", action="store_true", help="one JSON document per session on stdout")
+    p.set_defaults(func=run_explain)
+    return p
+
+
+def _load(path: str) -> Any:
+    from neuraldbg.session import load_session
+
+    try:
+        return load_session(path)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UserError(str(exc)) from None
+
+
+def _priors_for(session: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    """(priors argument for the engine, human-readable source)."""
+    from neuraldbg.priors import FAMILIES, PriorError, load_priors
+
+    if args.priors:
+        try:
+            return load_priors(path=args.priors), args.priors
+        except PriorError as exc:
+            raise UserError(str(exc)) from None
+    if args.family:
+        if args.family not in FAMILIES:
+            raise UserError(f"unknown family {args.family!r}; valid: {', '.join(FAMILIES)}")
+        return load_priors(family=args.family), f"{args.family} (shipped)"
+    stored = getattr(session, "priors_path", None)
+    if stored:
+        if os.path.exists(stored):
+            try:
+                return load_priors(path=stored), stored
+            except PriorError as exc:
+                raise UserError(str(exc)) from None
+        log.warning("prior file %s recorded in the session is not here; using the %s family priors",
+                    stored, session.trace().family)
+    try:
+        return load_priors(family=session.trace().family), f"{session.trace().family} (shipped)"
+    except PriorError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _report(path: str, args: argparse.Namespace) -> dict[str, Any]:
+    from neuraldbg.causal import api
+    from neuraldbg.causal.hypotheses import REPORT_FLOOR, failure_observed
+    from neuraldbg.events.base import FAILURE_TYPES
+
+    session = _load(path)
+    trace = session.trace()
+    priors, source = _priors_for(session, args)
+    floor = REPORT_FLOOR if args.floor is None else args.floor
+    if not 0 <= floor <= 1:
+        raise UserError(f"--floor must be within [0, 1], got {floor}")
+    post = api.posterior(trace, priors)
+    if args.failure_type:
+        hyps = api.explain(trace, args.failure_type, priors, floor=floor)
+        types = [args.failure_type]
+    else:
+        hyps = api.hypotheses(trace, priors, floor=floor)
+        ev = api.evidence(trace)
+        types = [ft for ft in FAILURE_TYPES if failure_observed(trace, ev, ft)]
+    chains = [api.causal_chain(trace, ft, priors) for ft in types]
+    out: dict[str, Any] = {
+        "session": path, "family": trace.family, "priors": source,
+        "steps": [trace.first_step, trace.last_step], "n_events": len(trace.events),
+        "floor": floor, "p_healthy": post.p_healthy,
+        "hypotheses": [h.to_dict() for h in hyps],
+        "chains": [c.to_dict() for c in chains],
+        "posterior": {k: v for k, v in post.items() if k != "healthy"},
+        "_objects": (hyps, chains, post),
+    }
+    if args.couplings:
+        cps = api.couplings(trace)
+        out["couplings"] = [c.to_dict() for c in cps]
+        out["_objects"] += (cps,)
+    if args.evidence:
+        ev = api.evidence(trace)
+        out["evidence"] = {k: (v if isinstance(v, str) else list(v)) for k, v in ev.observed.items()}
+        out["evidence_notes"] = dict(ev.notes)
+    return out
+
+
+def _print_text(rep: dict[str, Any], args: argparse.Namespace, stream) -> None:
+    hyps, chains, post = rep["_objects"][:3]
+    w = stream.write
+    w(f"Session {rep['session']}: family {rep['family']}, steps {rep['steps'][0]}-{rep['steps'][1]}, "
+      f"{rep['n_events']} events, priors {rep['priors']}\n")
+    w(f"P(healthy) = {rep['p_healthy']:.3f}\n")
+    scope = f" explaining {args.failure_type}" if args.failure_type else ""
+    if hyps:
+        w(f"Hypotheses{scope} (posterior >= {rep['floor']:.2f}):\n")
+        for i, h in enumerate(hyps, 1):
+            w(f"  {i}. {h.description}\n     fix: {h.suggested_fix}\n")
+            for e in h.evidence[:5]:
+                w(f"     - {e}\n")
+            if len(h.evidence) > 5:
+                w(f"     - ... {len(h.evidence) - 5} more events\n")
+    else:
+        w(f"No hypothesis{scope} above the reporting floor ({rep['floor']:.2f}).\n")
+    if chains:
+        w("Causal chains:\n")
+        for c in chains:
+            w(f"  {c}\n")
+    w("Posterior:\n")
+    for var, dist in rep["posterior"].items():
+        w(f"  {var:15s} " + "  ".join(f"{s} {p:.3f}" for s, p in dist.items()) + "\n")
+    if "couplings" in rep:
+        cps = rep["_objects"][3]
+        w("Coupled failures:\n" if cps else "No coupled failures.\n")
+        for c in cps:
+            w(f"  {c}\n")
+    if "evidence" in rep:
+        w("Evidence:\n")
+        for var, state in rep["evidence"].items():
+            note = rep["evidence_notes"].get(var, "")
+            w(f"  {var:13s} {state if isinstance(state, str) else '|'.join(state):16s} {note}\n")
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    """Explain each session; 0 on success, 1 when a session or prior file is unusable."""
+    status = 0
+    docs = []
+    for i, path in enumerate(args.sessions):
+        try:
+            rep = _report(path, args)
+        except UserError as exc:
+            print(f"neuraldbg explain: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        if args.json:
+            docs.append({k: v for k, v in rep.items() if not k.startswith("_")})
+        else:
+            if i:
+                sys.stdout.write("\n")
+            _print_text(rep, args, sys.stdout)
+    if args.json:
+        json.dump(docs[0] if len(docs) == 1 else docs, sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+    return status
+
+
+# ---- entry point --------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one subparser per registered command."""
+    parser = argparse.ArgumentParser(prog="neuraldbg", description="Tells you why a PyTorch training run failed.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in sorted(COMMANDS):
+        COMMANDS[name](sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point: parse, dispatch to the subcommand, return its exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(name)s: %(levelname)s: %(message)s")
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""``neuraldbg explain SESSION.json``: offline ranked hypotheses and chains of an exported run."""
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from neuraldbg import cli
+from neuraldbg.events.base import DATA, GRADIENT, OPTIMIZER, make_event
+from neuraldbg.session import export_trace
+from neuraldbg.trace import LayerInfo, LossSummary, Trace
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _layers():
+    return (LayerInfo("fc1", "Linear", 0, 2080), LayerInfo("act1", "ReLU", 1, 0), LayerInfo("fc2", "Linear", 2, 130))
+
+
+def _losses(values):
+    finite = [v for v in values if math.isfinite(v)]
+    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+    return LossSummary(n=len(values), first=values[0], last=values[-1], min=min(finite), n_nonfinite=len(bad),
+                       first_nonfinite_step=bad[0] if bad else None, history=tuple(enumerate(values)))
+
+
+def nan_session(tmp_path) -> str:
+    ev = (make_event(DATA, "nan", "fc1", 30, 6.0, {"at_input": 1.0}, end_step=59),
+          make_event(OPTIMIZER, "divergence", None, 30, 6.0, {"nonfinite": 1.0}, end_step=59))
+    losses = [0.7 * 0.97 ** i for i in range(30)] + [float("nan")] * 30
+    tr = Trace(events=ev, layers=_layers(), family="mlp", first_step=0, last_step=59, loss=_losses(losses))
+    return export_trace(tr, tmp_path / "nan.json")
+
+
+def shift_session(tmp_path) -> str:
+    """Inputs x1000 from step 30: a shift at the input, a loss spike and exploding gradients."""
+    ev = (make_event(GRADIENT, "exploding", "fc1", 30, 6.0, {"grad_rms": 6.5}, end_step=33),
+          make_event(GRADIENT, "exploding", "fc2", 30, 6.0, {"grad_rms": 11.0}, end_step=33),
+          make_event(OPTIMIZER, "spike", None, 30, 27.0, {"robust_z": 27.0}, end_step=33),
+          make_event(DATA, "shift", "fc1", 30, 25.0, {"scale_ratio": 982.0}, end_step=59))
+    losses = [0.7 * 0.97 ** i for i in range(30)] + [30.0 - 0.1 * i for i in range(30)]
+    tr = Trace(events=ev, layers=_layers(), family="mlp", first_step=0, last_step=59, loss=_losses(losses))
+    return export_trace(tr, tmp_path / "shift.json")
+
+
+
+def healthy_session(tmp_path) -> str:
+    tr = Trace(events=(), layers=_layers(), family="cnn", first_step=0, last_step=59,
+               loss=_losses([0.7 * 0.97 ** i for i in range(60)]))
+    return export_trace(tr, tmp_path / "ok.json")
+
+
+def test_explain_prints_ranked_hypotheses_and_chain(tmp_path, capsys):
+    assert cli.main(["explain", shift_session(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "data is shifted (p=0.9" in out and "first seen in layer `fc1` at step 30." in out
+    assert "fix: Normalize inputs" in out
+    assert "exploding_gradients: data=shifted (p=0.9" in out and "-> shift in fc1 at step 30" in out
+    assert "P(healthy) = 0.0" in out and "Posterior:" in out
+
+
+def test_explain_nan_batch_session(tmp_path, capsys):
+    assert cli.main(["explain", nan_session(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "data is corrupted (p=1.00): data anomaly first seen in layer `fc1` at step 30." in out
+    assert "fix: Drop or repair the NaN/Inf batch at step 30" in out
+    assert "data_anomaly: data=corrupted (p=1.00) -> nan in fc1 at step 30" in out
+    assert "P(healthy) = 0.000" in out and "Posterior:" in out
+
+
+def test_explain_healthy_session_reports_nothing(tmp_path, capsys):
+    assert cli.main(["explain", healthy_session(tmp_path), "--couplings", "--evidence"]) == 0
+    out = capsys.readouterr().out
+    assert "No hypothesis above the reporting floor (0.20)." in out
+    assert "family cnn" in out and "No coupled failures." in out
+    assert "loss_pattern  decreasing" in out
+
+
+def test_explain_json(tmp_path, capsys):
+    assert cli.main(["explain", shift_session(tmp_path), "--json", "--evidence"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["hypotheses"][0]["cause"] == "data" and doc["hypotheses"][0]["onset_step"] == 30
+    assert doc["evidence"]["data_shift"] == "input"
+    assert set(doc["posterior"]) == {"learning_rate", "initialization", "data", "architecture"}
+    assert doc["chains"][0]["first_layer"] == "fc1"
+
+
+def test_explain_several_sessions_and_failure_type(tmp_path, capsys):
+    a, b = shift_session(tmp_path), healthy_session(tmp_path)
+    assert cli.main(["explain", a, b, "-f", "exploding_gradients", "--json"]) == 0
+    docs = json.loads(capsys.readouterr().out)
+    assert len(docs) == 2
+    assert [(h["cause"], h["failure_type"]) for h in docs[0]["hypotheses"]] == [("data", "exploding_gradients")]
+    assert docs[1]["hypotheses"] == [] and "no exploding_gradients event" in docs[1]["chains"][0]["reason"]
+
+
+def test_explain_with_family_and_priors_overrides(tmp_path, capsys):
+    from neuraldbg.priors import load_priors
+
+    doc = load_priors("rnn").to_dict()
+    pri = tmp_path / "tuned.json"
+    pri.write_text(json.dumps(doc))
+    s = shift_session(tmp_path)
+    assert cli.main(["explain", s, "--priors", str(pri)]) == 0
+    assert f"priors {pri}" in capsys.readouterr().out
+    assert cli.main(["explain", s, "--family", "gan"]) == 0
+    assert "priors gan (shipped)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["explain", "/no/such/session.json"], "no session file"),
+    (["explain", "{bad}"], "no session file"),
+    (["explain", "SESSION", "--family", "vit"], "unknown family 'vit'"),
+    (["explain", "SESSION", "--priors", "/no/priors.json"], "prior file not found"),
+    (["explain", "SESSION", "--floor", "2"], "--floor must be within"),
+])
+def test_user_errors_exit_1_with_one_line(tmp_path, capsys, args, message):
+    s = shift_session(tmp_path)
+    args = [s if a == "SESSION" else a for a in args]
+    assert cli.main(args) == 1
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_not_a_session(tmp_path, capsys):
+    p = tmp_path / "x.json"
+    p.write_text(json.dumps({"schema": "something-else"}))
+    assert cli.main(["explain", str(p)]) == 1
+    assert "not a NeuralDBG session" in capsys.readouterr().err
+
+
+def test_usage_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main([])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["explain"])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit):
+        cli.main(["explain", "x.json", "-f", "gradient_explosion"])
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_subcommands_register_their_own_parser():
+    assert "explain" in cli.COMMANDS
+    parser = cli.build_parser()
+    args = parser.parse_args(["explain", "a.json", "--json"])
+    assert args.func is cli.run_explain and args.sessions == ["a.json"]
+
+
+def test_module_entry_point_runs_offline(tmp_path):
+    s = shift_session(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "neuraldbg.cli", "explain", s], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "data is shifted" in out.stdout
