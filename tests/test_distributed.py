@@ -91,6 +91,7 @@ def test_nan_input_on_one_rank_is_kept_with_that_rank(runs):
     assert (top.cause, top.state, top.onset_step) == ("data", "corrupted", NAN_STEP)
     onset = [e for e in top.evidence if e.step == top.onset_step and e.type == DATA]
     assert onset and onset[0].rank == 1  # the evidence at the onset names the rank
+    assert top.origin_rank == 1 and "on rank 1" in str(top)
 
 
 def test_lr_too_high_gives_the_same_events_on_all_ranks(runs):

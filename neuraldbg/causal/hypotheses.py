@@ -112,11 +112,13 @@ def build(trace: Trace, post: Posterior, net: CompiledNetwork, ev: Evidence, cau
         first = _origin(primary, trace, weight)
     origin = first.layer if first is not None else None
     onset = first.step if first is not None else _loss_onset(trace)
+    rank = first.rank if first is not None else None
     fix = suggested_fix(trace, ev, cause, state, origin, onset)
     return Hypothesis(cause=cause, state=state, probability=p, failure_type=failure_type,
                       origin_layer=origin, onset_step=onset, evidence=tuple(events),
                       suggested_fix=fix,
-                      description=describe(cause, state, p, failure_type, origin, onset))
+                      description=describe(cause, state, p, failure_type, origin, onset, rank),
+                      origin_rank=rank)
 
 
 def _data_entry(ev: Evidence) -> int | None:
@@ -145,12 +147,14 @@ def _loss_onset(trace: Trace) -> int | None:
     return trace.loss.first_nonfinite_step
 
 
-def describe(cause: str, state: str, p: float, failure_type: str, layer: str | None, step: int | None) -> str:
-    """One sentence naming cause, state, probability, failure type, layer and step."""
+def describe(cause: str, state: str, p: float, failure_type: str, layer: str | None, step: int | None,
+             rank: int | None = None) -> str:
+    """One sentence naming cause, state, probability, failure type, layer, step (and rank)."""
     what = failure_type.replace("_", " ")
     where = f"layer `{layer}`" if layer is not None else "the loss (no layer event)"
     when = f"step {step}" if step is not None else "an unknown step"
-    return f"{cause} is {state.replace('_', ' ')} (p={p:.2f}): {what} first seen in {where} at {when}."
+    on = f" on rank {rank}" if rank is not None else ""
+    return f"{cause} is {state.replace('_', ' ')} (p={p:.2f}): {what} first seen in {where} at {when}{on}."
 
 
 def _lr_text(trace: Trace) -> str:

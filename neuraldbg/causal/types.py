@@ -39,6 +39,9 @@ class Hypothesis:
     evidence: tuple[Event, ...]
     suggested_fix: str
     description: str
+    #: rank of the distributed process where the first event was seen (None: all ranks, or
+    #: not distributed)
+    origin_rank: int | None = None
 
     def __str__(self) -> str:
         return self.description
@@ -55,6 +58,7 @@ class Hypothesis:
             "evidence": [e.to_dict() for e in self.evidence],
             "suggested_fix": self.suggested_fix,
             "description": self.description,
+            "origin_rank": self.origin_rank,
         }
 
 
