@@ -79,12 +79,16 @@ class GradientHealthDetector(Detector):
         super().__init__(config, context)
         self._warm: dict[str, list[float]] = {}
         self._base: dict[str, float] = {}
+        # layers that vanished while their baseline was forming: growth from there is
+        # recovery, not explosion, so their baseline is not used for relative growth
+        self._vanished_warm: set[str] = set()
         self._overflow_run = 0
 
     def forget_layer(self, layer: str) -> None:
         """Drop a layer's baseline (the module behind the name was replaced)."""
         self._warm.pop(layer, None)
         self._base.pop(layer, None)
+        self._vanished_warm.discard(layer)
 
     def update(self, stats: StepStats) -> list[Event]:
         """Vanishing/exploding hits at this step."""
@@ -103,7 +107,8 @@ class GradientHealthDetector(Detector):
             return []
         cfg = self.config
         events: list[Event] = []
-        exploding = exploding_layers(rms_by_layer, self._base, abs_ceiling=cfg.explode_abs,
+        trusted = {k: v for k, v in self._base.items() if k not in self._vanished_warm}
+        exploding = exploding_layers(rms_by_layer, trusted, abs_ceiling=cfg.explode_abs,
                                      rel=cfg.explode_rel, ratio=cfg.explode_ratio, floor=cfg.vanish_abs)
         for layer, growth in exploding.items():
             r = rms_by_layer[layer]
@@ -120,6 +125,8 @@ class GradientHealthDetector(Detector):
                 # stacks (normal activations, gradients shrunk by the derivatives)
                 events.append(make_event(GRADIENT, "vanishing", layer, stats.step, sev, {
                     "grad_rms": r, "ratio_to_max": rel, "out_rms": _out_rms(stats, layer)}))
+                if layer not in self._base:
+                    self._vanished_warm.add(layer)
         self._learn_baseline(rms_by_layer)
         return events
 

@@ -42,3 +42,16 @@ def test_detector_baseline_then_explosion():
 def test_no_backward_no_events():
     det = GradientHealthDetector(DetectorConfig(), CTX)
     assert det.update(StepStats(step=0, layers={"a": {"out_sum": 1.0}})) == []
+
+
+def test_recovery_from_vanished_init_is_not_exploding():
+    """Regression: growth against a vanished warm-up baseline (init x1e-2 under Adam, 1e-7 ->
+    8e-6) was reported as exploding, pointing the diagnosis at the learning rate."""
+    det = GradientHealthDetector(DetectorConfig(), CTX)
+    for s in range(5):
+        det.update(stats(s, {"a": 2e-7, "b": 0.02, "c": 0.01}))
+    evs = det.update(stats(5, {"a": 8e-5, "b": 0.02, "c": 0.01}))
+    assert not [e for e in evs if e.kind == "exploding"]
+    # the absolute ceiling still applies to such a layer
+    evs = det.update(stats(6, {"a": 50.0, "b": 0.02, "c": 0.01}))
+    assert [(e.kind, e.layer) for e in evs] == [("exploding", "a")]
