@@ -54,6 +54,8 @@ def _explain_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--couplings", action="store_true", help="also list coupled failures")
     p.add_argument("--evidence", action="store_true", help="also print the discretized evidence")
     p.add_argument("--json", action="store_true", help="one JSON document per session on stdout")
+    p.add_argument("--merge", action="store_true",
+                   help="merge the sessions (one per rank of a distributed job) and explain them as one")
     p.set_defaults(func=run_explain)
     return p
 
@@ -95,12 +97,22 @@ def _priors_for(session: Any, args: argparse.Namespace) -> tuple[Any, str]:
         raise UserError(str(exc)) from None
 
 
-def _report(path: str, args: argparse.Namespace) -> dict[str, Any]:
+def _merged(paths: Sequence[str]) -> Any:
+    from neuraldbg.distributed import merge_sessions
+
+    sessions = [_load(p) for p in paths]
+    try:
+        return merge_sessions(sessions)
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"cannot merge {', '.join(paths)}: {exc}") from None
+
+
+def _report(path: str, args: argparse.Namespace, session: Any = None) -> dict[str, Any]:
     from neuraldbg.causal import api
     from neuraldbg.causal.hypotheses import REPORT_FLOOR, failure_observed
     from neuraldbg.events.base import FAILURE_TYPES
 
-    session = _load(path)
+    session = _load(path) if session is None else session
     trace = session.trace()
     priors, source = _priors_for(session, args)
     floor = REPORT_FLOOR if args.floor is None else args.floor
@@ -175,9 +187,16 @@ def run_explain(args: argparse.Namespace) -> int:
     """Explain each session; 0 on success, 1 when a session or prior file is unusable."""
     status = 0
     docs = []
-    for i, path in enumerate(args.sessions):
+    jobs: list[tuple[str, Any]] = [(p, None) for p in args.sessions]
+    if args.merge:
         try:
-            rep = _report(path, args)
+            jobs = [(" + ".join(args.sessions), _merged(args.sessions))]
+        except UserError as exc:
+            print(f"neuraldbg explain: {exc}", file=sys.stderr)
+            return 1
+    for i, (path, preloaded) in enumerate(jobs):
+        try:
+            rep = _report(path, args, preloaded)
         except UserError as exc:
             print(f"neuraldbg explain: {exc}", file=sys.stderr)
             status = 1
@@ -196,6 +215,16 @@ def run_explain(args: argparse.Namespace) -> int:
 
 # ---- entry point --------------------------------------------------------------------------
 
+def _log_to_stderr(level: int) -> None:
+    """Show the ``neuraldbg`` logger on stderr; the root logger is the application's, not ours."""
+    if not any(getattr(h, "_neuraldbg_cli", False) for h in log.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(name)s: %(levelname)s: %(message)s"))
+        handler._neuraldbg_cli = True  # type: ignore[attr-defined]
+        log.addHandler(handler)
+    log.setLevel(level)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one subparser per registered command."""
     parser = argparse.ArgumentParser(prog="neuraldbg", description="Tells you why a PyTorch training run failed.")
@@ -210,8 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point: parse, dispatch to the subcommand, return its exit status."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="%(name)s: %(levelname)s: %(message)s")
+    _log_to_stderr(logging.DEBUG if args.verbose else logging.WARNING)
     return int(args.func(args) or 0)
 
 

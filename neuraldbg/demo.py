@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=150)
     a = ap.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from neuraldbg.cli import _log_to_stderr
+
+    _log_to_stderr(logging.WARNING)
     torch.set_num_threads(1)
     print(f"NeuralDBG demo: a tiny {a.arch} on a generated task, seed {a.seed}")
     describe("healthy run", train_example(a.arch, "healthy", a.seed, a.steps))

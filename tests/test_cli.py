@@ -156,3 +156,30 @@ def test_module_entry_point_runs_offline(tmp_path):
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "data is shifted" in out.stdout
+
+
+def _rank_session(tmp_path, rank, nan_input):
+    ev = [make_event(OPTIMIZER, "divergence", None, 20, 6.0, {"nonfinite": 1.0}, end_step=39, rank=rank)]
+    if nan_input:
+        ev.insert(0, make_event(DATA, "nan", "fc1", 20, 6.0, {"at_input": 1.0}, end_step=39, rank=rank))
+    else:
+        ev.insert(0, make_event(DATA, "nan", "fc1", 21, 6.0, {"at_input": 0.0}, end_step=39, rank=rank))
+    losses = [0.7 * 0.97 ** i for i in range(20)] + [float("nan")] * 20
+    tr = Trace(events=tuple(ev), layers=_layers(), family="mlp", first_step=0, last_step=39,
+               loss=_losses(losses), rank=rank, world_size=2)
+    return export_trace(tr, tmp_path / f"rank{rank}.json")
+
+
+def test_explain_merge_names_the_rank_where_nan_entered(tmp_path, capsys):
+    paths = [_rank_session(tmp_path, 0, False), _rank_session(tmp_path, 1, True)]
+    assert cli.main(["explain", "--merge", *paths]) == 0
+    out = capsys.readouterr().out
+    assert out.count("Session ") == 1  # one merged report, not one per file
+    assert "data is corrupted" in out and "at step 20 on rank 1." in out
+
+
+def test_explain_merge_with_a_bad_file_fails_cleanly(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    assert cli.main(["explain", "--merge", _rank_session(tmp_path, 0, True), str(bad)]) == 1
+    assert "not valid JSON" in capsys.readouterr().err
