@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import weakref
 from dataclasses import dataclass, field
 from functools import partial
@@ -195,6 +196,7 @@ class NeuralDbg(CausalQueries):
         if self._entered:
             raise RuntimeError("this NeuralDbg is already active; create a new one per run")
         self._entered = True
+        _guard_compiled_hooks()
         try:
             self._register()
         except Exception:  # never break training: a monitor that cannot hook degrades to nothing
@@ -560,6 +562,29 @@ def _resolve_family(root: nn.Module, family: str | None) -> str:
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; valid: {', '.join(FAMILIES)}")
     return family
+
+
+def _guard_compiled_hooks() -> None:
+    """Make torch.compile guard on module hooks.
+
+    By default dynamo does not guard on hooks, so a graph traced before our hooks existed (an
+    earlier instance of the same class, say) is reused for the monitored module and every
+    hook is silently skipped. The first monitor in a process that already loaded dynamo turns
+    the hook guards on and drops the compiled graphs once (they recompile on next call, now
+    guarded); later monitors find the guards on and do nothing. Without dynamo loaded there is
+    nothing stale, and importing it would cost a second.
+    """
+    if "torch._dynamo" not in sys.modules:
+        return
+    try:
+        dynamo = sys.modules["torch._dynamo"]
+        if getattr(dynamo.config, "skip_nnmodule_hook_guards", False):
+            dynamo.config.skip_nnmodule_hook_guards = False
+            dynamo.reset()
+            log.info("neuraldbg: turned on torch.compile hook guards and cleared compiled graphs once, "
+                     "so graphs traced without the monitor's hooks are not reused")
+    except Exception:  # noqa: BLE001 - a torch without this switch has no such cache issue
+        pass
 
 
 def _compiling() -> bool:

@@ -271,3 +271,19 @@ def test_torch_compile_works_without_recompiles_after_first_steps():
     tr = dbg.trace()
     assert {l.name for l in tr.layers} >= {"0", "2", "4"}
     assert tr.loss.n == 12
+
+
+def test_compiled_graph_of_an_unhooked_instance_is_not_reused():
+    """Regression: with an instance of the same class compiled earlier in the process, dynamo
+    reused its graph (no hook guards) for the monitored instance and no hook ever fired."""
+    torch._dynamo.config.skip_nnmodule_hook_guards = True  # torch's default
+    first = torch.compile(mlp(), backend="aot_eager")
+    first(torch.randn(4, 8)).sum().backward()
+    m = mlp(1)
+    dbg = NeuralDbg(m)
+    cm = torch.compile(m, backend="aot_eager")
+    with dbg:
+        for _ in range(3):
+            cm(torch.randn(4, 8)).sum().backward()
+            dbg.record_loss(1.0)
+    assert dbg._order[:5] == ["0", "1", "2", "3", "4"], "forward hooks fired under the compiled graph"
