@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from typing import Sequence
 
-import numpy as np
 
 from neuraldbg.events.base import OPTIMIZER, Event, make_event
 from neuraldbg.events.registry import Detector, register_detector
@@ -14,14 +14,21 @@ from neuraldbg.events.stepstats import StepStats
 MAD_TO_SIGMA = 1.4826  # MAD of a normal sample times this estimates its standard deviation
 
 
+# Windows here hold tens of values: plain-Python medians over lists are several times
+# faster than numpy's per-call overhead, and this runs once per training step.
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
 def robust_z(value: float, window: Sequence[float]) -> float:
     """Robust z-score of ``value`` against ``window``: (value - median) / (1.4826 * MAD).
 
     A window with zero spread gives +/-inf for any different value and 0 for an equal one.
     """
-    w = np.asarray(window, dtype=float)
-    med = float(np.median(w))
-    mad = float(np.median(np.abs(w - med))) * MAD_TO_SIGMA
+    w = [float(x) for x in window]
+    med = _median(w)
+    mad = _median([abs(x - med) for x in w]) * MAD_TO_SIGMA
     diff = value - med
     if mad == 0.0:
         return 0.0 if diff == 0 else math.copysign(math.inf, diff)
@@ -34,23 +41,23 @@ def is_spike(loss: float, window: Sequence[float], z: float, ratio: float) -> tu
     Returns (is_spike, robust z). Works on positive losses; others are shifted into range
     by taking logs of ``loss - min(window) + 1`` so negative objectives (GAN, RL) work too.
     """
-    w = np.asarray(window, dtype=float)
-    if len(w) == 0 or not math.isfinite(loss):
+    w = [float(x) for x in window]
+    if not w or not math.isfinite(loss):
         return False, 0.0
-    lo = min(float(w.min()), loss)
+    lo = min(min(w), loss)
     shift = 0.0 if lo > 0 else 1.0 - lo
-    lw = np.log(w + shift)
+    lw = [math.log(x + shift) for x in w]
     lv = math.log(loss + shift)
     zz = robust_z(lv, lw)
-    return (zz > z and (loss + shift) > ratio * math.exp(float(np.median(lw)))), zz
+    return (zz > z and (loss + shift) > ratio * math.exp(_median(lw))), zz
 
 
 def relative_improvement(window: Sequence[float], edge: int = 10) -> float:
     """(median of the first ``edge`` values - median of the last ``edge``) / |first median|."""
-    w = np.asarray(window, dtype=float)
+    w = [float(x) for x in window]
     edge = max(1, min(edge, len(w) // 2))
-    a = float(np.median(w[:edge]))
-    b = float(np.median(w[-edge:]))
+    a = _median(w[:edge])
+    b = _median(w[-edge:])
     if a == 0:
         return 0.0 if b == 0 else math.copysign(math.inf, a - b)
     return (a - b) / abs(a)
@@ -89,21 +96,21 @@ class LossInstabilityDetector(Detector):
         if len(recent) >= cfg.spike_window:
             window = recent[-cfg.spike_window:]
             spike, z = is_spike(loss, window, cfg.spike_z, cfg.spike_ratio)
-            start = abs(float(np.median(self._first))) if self._first else 0.0
-            if spike and loss - float(np.median(window)) > cfg.spike_min_jump * start:
+            start = abs(float(_median(self._first))) if self._first else 0.0
+            if spike and loss - float(_median(window)) > cfg.spike_min_jump * start:
                 events.append(make_event(OPTIMIZER, "spike", None, step, min(z, 1e3),
                                          {"loss": loss, "robust_z": z,
-                                          "window_median": float(np.median(recent[-cfg.spike_window:]))}))
+                                          "window_median": float(_median(recent[-cfg.spike_window:]))}))
         self._recent.append(loss)
         if len(self._first) < cfg.divergence_window:
             self._first.append(loss)
         recent = list(self._recent)
         k = cfg.divergence_window
         if len(recent) >= k and len(self._first) >= k:
-            now = float(np.median(recent[-k:]))
+            now = float(_median(recent[-k:]))
             # the very first loss is measured before any update: a blow-up within the first
             # window must not contaminate the reference
-            start = min(float(np.median(self._first)), self._first[0])
+            start = min(float(_median(self._first)), self._first[0])
             self._best = min(self._best, now, self._first[0])
             if (start > 0 and now > cfg.divergence_factor * start
                     and self._best > 0 and now > cfg.divergence_best_factor * self._best):
@@ -114,8 +121,8 @@ class LossInstabilityDetector(Detector):
         if self._plateau_ok and len(recent) >= cfg.plateau_window:
             window = recent[-cfg.plateau_window:]
             imp = relative_improvement(window)
-            start = float(np.median(self._first))
-            level = float(np.median(window[-10:]))
+            start = float(_median(self._first))
+            level = float(_median(window[-10:]))
             if imp < cfg.plateau_rel and start > 0 and level > (1.0 - cfg.plateau_max_progress) * start:
                 events.append(make_event(OPTIMIZER, "plateau", None, step, 1.0 - max(imp, 0.0) / cfg.plateau_rel,
                                          {"loss": loss, "relative_improvement": imp,
