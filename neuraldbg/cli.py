@@ -1,7 +1,7 @@
 """The ``neuraldbg`` command line.
 
 ``main()`` only builds the top-level parser and dispatches: each subcommand registers its
-own parser with :func:`command` (``explain`` here; ``tune-priors`` joins the same way).
+own parser with :func:`command` (``explain`` and ``tune-priors``).
 Errors a user can fix (missing file, bad session, bad prior file) print one line on stderr
 and exit with status 1; usage errors exit with status 2 (argparse).
 """
@@ -211,6 +211,73 @@ def run_explain(args: argparse.Namespace) -> int:
         json.dump(docs[0] if len(docs) == 1 else docs, sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")
     return status
+
+
+# ---- tune-priors --------------------------------------------------------------------------
+
+@command("tune-priors")
+def _tune_parser(sub: Any) -> argparse.ArgumentParser:
+    from neuraldbg.priors.tune import DEFAULT_ESS, DEFAULT_FOLDS
+
+    p = sub.add_parser(
+        "tune-priors", help="fit a family's prior file to benchmark runs",
+        description="Fit the causal network's CPDs of one family to the runs of a benchmark output "
+                    "directory (records.csv + sessions/), check hand-set vs fitted on held-out folds "
+                    "(by seed), and write a prior file usable as NeuralDbg(priors=FILE). See docs/priors.md.")
+    p.add_argument("--family", required=True, help="architecture family to fit (mlp, cnn, ...)")
+    p.add_argument("--runs", required=True, metavar="DIR", help="benchmark output directory")
+    p.add_argument("--out", required=True, metavar="FILE", help="prior file to write (JSON)")
+    p.add_argument("--ess", type=float, default=DEFAULT_ESS,
+                   help=f"equivalent sample size of the hand-set tables, per parent configuration (default {DEFAULT_ESS:g})")
+    p.add_argument("--folds", type=int, default=DEFAULT_FOLDS,
+                   help=f"held-out folds, grouped by seed; 0 skips the check and the temperature (default {DEFAULT_FOLDS})")
+    p.add_argument("--base", metavar="FILE", default=None,
+                   help="prior file to start from and shrink toward (default: the family's shipped file)")
+    p.add_argument("--no-temperature", action="store_true", help="keep temperature 1 instead of fitting it")
+    p.add_argument("--temperature-criterion", choices=("prior_mix", "benchmark"), default="prior_mix",
+                   help="held-out log loss the temperature minimizes: on the runs reweighted to the root "
+                        "priors' label mix (default), or on the benchmark's own mix")
+    p.add_argument("--seed", type=int, default=0, help="seed of the fold assignment (default 0)")
+    p.set_defaults(func=run_tune)
+    return p
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    """Fit, write the prior file, print a summary; 1 when the runs or settings are unusable."""
+    from neuraldbg.priors import FAMILIES, PriorError
+    from neuraldbg.priors.tune import TuneError, tune
+
+    if args.family not in FAMILIES:
+        print(f"neuraldbg tune-priors: unknown family {args.family!r}; valid: {', '.join(FAMILIES)}", file=sys.stderr)
+        return 1
+    if args.folds == 1 or args.folds < 0:
+        print(f"neuraldbg tune-priors: --folds must be 0 or >= 2, got {args.folds}", file=sys.stderr)
+        return 1
+    try:
+        res = tune(args.runs, args.family, ess=args.ess, folds=args.folds, base=args.base,
+                   temperature=not args.no_temperature, seed=args.seed,
+                   criterion=args.temperature_criterion)
+        path = res.write(args.out)
+    except (TuneError, PriorError, OSError) as exc:
+        print(f"neuraldbg tune-priors: {exc}", file=sys.stderr)
+        return 1
+    fo = res.data["provenance"]["fitted_on"]
+    print(f"Fitted {args.family} on {fo['records']} runs ({len(fo['architectures'])} architectures, "
+          f"seeds {fo['seeds']}): EM {res.fit.iterations} iterations, "
+          f"train log-likelihood {res.fit.log_likelihood_start:.2f} -> {res.fit.log_likelihood:.2f}")
+    if res.heldout:
+        h = res.heldout
+        print(f"Held-out ({h['folds']} folds by {h['grouping']}), temperature {res.data['temperature']:g}:")
+        print(f"  {'':16s} {'log loss':>9s} {'Brier':>7s} {'ECE':>7s} {'top-1':>7s} {'mix log loss':>13s}")
+        for name in ("hand_set", "fitted", "fitted_tempered"):
+            m = h[name]
+            print(f"  {name:16s} " + " ".join(f"{m[k]:{w}.3f}" if m.get(k) is not None else f"{'-':>{w}s}"
+                                              for k, w in (("log_loss", 9), ("brier", 7), ("ece", 7), ("top1", 7),
+                                                          ("mix_log_loss", 13))))
+    else:
+        print("No held-out check (--folds 0 or too few runs).")
+    print(f"Wrote {path}")
+    return 0
 
 
 # ---- entry point --------------------------------------------------------------------------
