@@ -81,6 +81,16 @@ class Priors:
         return d
 
 
+def _rounded(x: Any) -> Any:
+    if isinstance(x, float):
+        return float(f"{x:.12g}")
+    if isinstance(x, Mapping):
+        return {k: _rounded(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_rounded(v) for v in x]
+    return x
+
+
 def _fail(where: str, msg: str) -> PriorError:
     return PriorError(f"{where}: {msg}")
 
@@ -145,7 +155,9 @@ def validate(data: Any, source: str = "<dict>", family: str | None = None) -> Pr
     if not isinstance(reasoning, Mapping):
         raise _fail(source, "reasoning must be an object variable -> text")
 
-    canon = json.dumps({"roots": roots, "cpds": cpds, "temperature": temperature}, sort_keys=True)
+    # rounded: renormalizing columns on every load moves the last bits, and a file must keep
+    # its fingerprint through a to_dict()/validate() round trip
+    canon = json.dumps(_rounded({"roots": roots, "cpds": cpds, "temperature": temperature}), sort_keys=True)
     return Priors(family=fam, roots=roots, source=source, cpds=cpds, temperature=temperature,
                   provenance=dict(prov), reasoning=dict(reasoning), schema_version=version,
                   fingerprint=hashlib.sha1(canon.encode()).hexdigest())

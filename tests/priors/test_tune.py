@@ -180,7 +180,7 @@ def test_tuned_file_round_trips_and_loads_in_neuraldbg(tmp_path):
     assert pri.temperature in T.TEMPERATURE_GRID
     # re-tuning the fitted file shrinks toward the recorded hand-set base, not toward itself
     again = T.hand_set_base(pri)
-    assert again.cpds == load_priors("mlp").cpds and again.temperature == 1.0
+    assert again.cpds == T.hand_set_base(load_priors("mlp")).cpds and again.temperature == 1.0
     # the fitted network learned that a NaN at the input means corrupted data
     nan_ev = {"data_nan": "input", "loss_pattern": "nonfinite"}
     assert CompiledNetwork(build_cpds(pri.roots, pri.cpds)).posterior(nan_ev)[0]["data"]["corrupted"] > 0.9
