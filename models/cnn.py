@@ -44,6 +44,7 @@ def make_shapes(
 
 @dataclass
 class CNNConfig:
+    """Hyper-parameters of the CNN reference run (the healthy defaults)."""
     size: int = 16
     channels: tuple[int, int] = (8, 16)
     n_classes: int = 4

@@ -26,6 +26,7 @@ from models.zoo import ArchSpec, register_arch
 
 @dataclass
 class CompiledConfig(MLPConfig):
+    """Hyper-parameters of the Compiled reference run (the healthy defaults)."""
     backend: str = "inductor"
 
 

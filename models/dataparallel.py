@@ -20,6 +20,7 @@ from models.zoo import ArchSpec, register_arch
 
 @dataclass
 class DataParallelConfig(MLPConfig):
+    """Hyper-parameters of the DataParallel reference run (the healthy defaults)."""
     device: str = "auto"
 
 

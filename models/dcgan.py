@@ -27,6 +27,7 @@ from models.zoo import ArchSpec, Trainer, register_arch, scale_weights
 
 @dataclass
 class DCGANConfig:
+    """Hyper-parameters of the DCGAN reference run (the healthy defaults)."""
     size: int = 16
     z_dim: int = 16
     g_ch: int = 32

@@ -22,6 +22,7 @@ from models.zoo import ArchSpec, Trainer, register_arch, scale_weights
 
 @dataclass
 class DiffusionConfig:
+    """Hyper-parameters of the Diffusion reference run (the healthy defaults)."""
     size: int = 8
     channels: int = 16
     t_dim: int = 32

@@ -22,6 +22,7 @@ from models.zoo import ArchSpec, Trainer, register_arch, scale_weights
 
 @dataclass
 class GNNConfig:
+    """Hyper-parameters of the GNN reference run (the healthy defaults)."""
     conv: str = "gcn"  # "gcn" or "gat"
     n_nodes: int = 240
     n_classes: int = 4
@@ -147,6 +148,7 @@ class GNNTrainer(Trainer):
 
 @dataclass
 class GATConfig(GNNConfig):
+    """Hyper-parameters of the GAT reference run (the healthy defaults)."""
     conv: str = "gat"
 
 

@@ -28,6 +28,7 @@ from models.zoo import ArchSpec, Trainer, register_arch, set_lr, warmup_lr
 
 @dataclass
 class LoRAConfig:
+    """Hyper-parameters of the LoRA reference run (the healthy defaults)."""
     base: TransformerConfig = field(default_factory=TransformerConfig)
     pretrain_steps: int = 200
     language_a: int = 0

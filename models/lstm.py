@@ -21,6 +21,7 @@ from models.zoo import ArchSpec, Trainer, register_arch, scale_weights
 
 @dataclass
 class LSTMConfig:
+    """Hyper-parameters of the LSTM reference run (the healthy defaults)."""
     hidden: int = 32
     layers: int = 1
     seq_len: int = 32

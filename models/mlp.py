@@ -20,6 +20,7 @@ from models.zoo import ArchSpec, Trainer, register_arch, scale_weights
 
 @dataclass
 class MLPConfig:
+    """Hyper-parameters of the MLP reference run (the healthy defaults)."""
     in_dim: int = 16
     hidden: int = 64
     depth: int = 3  # hidden Linear+activation blocks

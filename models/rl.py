@@ -27,6 +27,7 @@ from models.zoo import ArchSpec, Trainer, register_arch, scale_weights
 
 @dataclass
 class RLConfig:
+    """Hyper-parameters of the RL reference run (the healthy defaults)."""
     n_envs: int = 16
     horizon: int = 32
     max_episode: int = 200

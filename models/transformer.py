@@ -26,6 +26,7 @@ ALPHABET = " abcdefghijklmnopqrstuvwxyz."  # id 0 is the space
 
 @dataclass
 class TransformerConfig:
+    """Hyper-parameters of the Transformer reference run (the healthy defaults)."""
     vocab_size: int = len(ALPHABET)
     block_size: int = 32
     n_layer: int = 2
