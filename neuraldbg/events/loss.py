@@ -78,6 +78,7 @@ class LossInstabilityDetector(Detector):
         super().__init__(config, context)
         self._recent: deque[float] = deque(maxlen=max(config.spike_window, config.plateau_window))
         self._first: list[float] = []
+        self._first_median: float | None = None  # fixed once the first window is full
         self._best = math.inf
         self._plateau_ok = context.family not in config.plateau_exempt_families
 
@@ -96,21 +97,25 @@ class LossInstabilityDetector(Detector):
         if len(recent) >= cfg.spike_window:
             window = recent[-cfg.spike_window:]
             spike, z = is_spike(loss, window, cfg.spike_z, cfg.spike_ratio)
-            start = abs(float(_median(self._first))) if self._first else 0.0
-            if spike and loss - float(_median(window)) > cfg.spike_min_jump * start:
+            start = abs(self._first_median) if self._first_median is not None else 0.0
+            window_median = _median(window)
+            if spike and loss - window_median > cfg.spike_min_jump * start:
                 events.append(make_event(OPTIMIZER, "spike", None, step, min(z, 1e3),
-                                         {"loss": loss, "robust_z": z,
-                                          "window_median": float(_median(recent[-cfg.spike_window:]))}))
+                                         {"loss": loss, "robust_z": z, "window_median": window_median}))
         self._recent.append(loss)
-        if len(self._first) < cfg.divergence_window:
-            self._first.append(loss)
-        recent = list(self._recent)
+        recent.append(loss)
+        if len(recent) > self._recent.maxlen:
+            del recent[0]
         k = cfg.divergence_window
-        if len(recent) >= k and len(self._first) >= k:
-            now = float(_median(recent[-k:]))
+        if len(self._first) < k:
+            self._first.append(loss)
+            if len(self._first) == k:
+                self._first_median = _median(self._first)
+        if len(recent) >= k and self._first_median is not None:
+            now = _median(recent[-k:])
             # the very first loss is measured before any update: a blow-up within the first
             # window must not contaminate the reference
-            start = min(float(_median(self._first)), self._first[0])
+            start = min(self._first_median, self._first[0])
             self._best = min(self._best, now, self._first[0])
             if (start > 0 and now > cfg.divergence_factor * start
                     and self._best > 0 and now > cfg.divergence_best_factor * self._best):
@@ -118,11 +123,11 @@ class LossInstabilityDetector(Detector):
                                          math.log10(now / self._best),
                                          {"loss": loss, "window_median": now, "initial_median": start,
                                           "best_median": self._best}))
-        if self._plateau_ok and len(recent) >= cfg.plateau_window:
+        if self._plateau_ok and len(recent) >= cfg.plateau_window and self._first_median is not None:
             window = recent[-cfg.plateau_window:]
             imp = relative_improvement(window)
-            start = float(_median(self._first))
-            level = float(_median(window[-10:]))
+            start = self._first_median
+            level = _median(window[-10:])
             if imp < cfg.plateau_rel and start > 0 and level > (1.0 - cfg.plateau_max_progress) * start:
                 events.append(make_event(OPTIMIZER, "plateau", None, step, 1.0 - max(imp, 0.0) / cfg.plateau_rel,
                                          {"loss": loss, "relative_improvement": imp,
