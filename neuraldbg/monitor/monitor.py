@@ -176,7 +176,7 @@ class NeuralDbg(CausalQueries):
         self._kinds = {name: S.activation_kind(m) for name, m in self._modules}
         self._handles: list[Any] = []
         self._order: list[str] = []  # forward order of first completion
-        self._order_seen: set[str] = set()
+        self._order_pos: dict[str, int] = {}  # name -> index in _order
         self._reported: set[tuple] = set()
         self._disabled: set[str] = set()
         self._step = 0
@@ -413,8 +413,8 @@ class NeuralDbg(CausalQueries):
             return
         self._buf = _StepBuffer(buf.step, buf.active)  # later hooks of this step start afresh
         for name, *_ in buf.fwd:
-            if name not in self._order_seen:
-                self._order_seen.add(name)
+            if name not in self._order_pos:
+                self._order_pos[name] = len(self._order)
                 self._order.append(name)
         tensors: list[torch.Tensor] = []
         layout: list[tuple] = []
@@ -472,9 +472,7 @@ class NeuralDbg(CausalQueries):
                 self._report((det.name, type(e).__name__), f"detector {det.name} failed: {e!r}")
 
     def _layer_index(self, name: str | None) -> int | None:
-        if name is None or name not in self._order_seen:
-            return None
-        return self._order.index(name)
+        return None if name is None else self._order_pos.get(name)
 
     def _context(self) -> DetectorContext:
         order = tuple(self._order)
@@ -521,7 +519,7 @@ class NeuralDbg(CausalQueries):
 
     def layers(self) -> tuple[LayerInfo, ...]:
         """Monitored modules in forward order (modules never called come last)."""
-        names = list(self._order) + [n for n, _ in self._modules if n not in self._order_seen]
+        names = list(self._order) + [n for n, _ in self._modules if n not in self._order_pos]
         mods = dict(self._modules)
         return tuple(LayerInfo(name=n, type=type(mods[n]).__name__, index=i,
                                n_params=sum(p.numel() for p in mods[n].parameters(recurse=False)))
