@@ -28,7 +28,8 @@ bench: venv
 bench-quick: venv
 	$(VPY) -m benchmarks run --quick --out bench-out/quick
 
-FAMILIES := mlp cnn transformer gan lora diffusion rnn gnn rl
+# read from the package (neuraldbg/vocab.py), not copied here; `=` defers it until the venv exists
+FAMILIES = $(shell $(VPY) -c "from neuraldbg.vocab import FAMILIES; print(*FAMILIES)")
 BENCH_DIR ?= bench-out/full
 
 # Refit every shipped prior file from a full benchmark run (reuses $(BENCH_DIR) when it holds

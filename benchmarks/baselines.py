@@ -3,7 +3,7 @@
 Both baselines read what the monitor exported (events plus the loss summary), so the
 comparison isolates the *inference* step: the same detections, turned into a diagnosis by
 rules instead of by posterior inference. Each returns a distribution over the benchmark's
-labels (:data:`benchmarks.metrics.LABELS`), so Brier score and log loss compare directly.
+labels (:data:`neuraldbg.vocab.LABELS`), so Brier score and log loss compare directly.
 
 (a) :func:`first_event` - the style of earlier NeuralDBG releases: the first event's kind
     names a cause with a fixed confidence; the rest of the mass is spread evenly.
@@ -20,15 +20,21 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from benchmarks.metrics import HEALTHY, LABELS
+from neuraldbg.vocab import HEALTHY, LABELS, validate_truth
 
-LR_HIGH = "learning_rate/too_high"
-LR_LOW = "learning_rate/too_low"
-INIT_SMALL = "initialization/too_small"
-INIT_LARGE = "initialization/too_large"
-DATA_BAD = "data/corrupted"
-DATA_SHIFT = "data/shifted"
-ARCH = "architecture/unstable"
+
+def _label(variable: str, state: str) -> str:
+    """The label of a root-cause fault, checked against the vocabulary at import."""
+    return "/".join(validate_truth((variable, state)))
+
+
+LR_HIGH = _label("learning_rate", "too_high")
+LR_LOW = _label("learning_rate", "too_low")
+INIT_SMALL = _label("initialization", "too_small")
+INIT_LARGE = _label("initialization", "too_large")
+DATA_BAD = _label("data", "corrupted")
+DATA_SHIFT = _label("data", "shifted")
+ARCH = _label("architecture", "unstable")
 
 #: (a) first event kind -> (label, fixed confidence), as earlier releases printed them.
 FIRST_EVENT_RULES: dict[str, tuple[str, float]] = {

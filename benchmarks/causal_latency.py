@@ -25,9 +25,10 @@ from typing import Callable
 from neuraldbg.causal import api
 from neuraldbg.causal.compiled import CompiledNetwork
 from neuraldbg.causal.cpd import build_cpds
-from neuraldbg.events.base import ACTIVATION, DATA, GRADIENT, OPTIMIZER, make_event
-from neuraldbg.priors import load_priors
+from neuraldbg.events.base import make_event
+from neuraldbg.causal.priors import load_priors
 from neuraldbg.trace import LayerInfo, LossSummary, Trace
+from neuraldbg.vocab import ACTIVATION, DATA, GRADIENT, OPTIMIZER
 
 
 def _layers(depth: int, act: str) -> tuple[LayerInfo, ...]:

@@ -3,8 +3,8 @@
 Label space
 -----------
 A run's label is ``"healthy"`` or one abnormal root state written ``"variable/state"``
-(``"learning_rate/too_high"`` ...): the seven abnormal states of API.md, plus any state a
-developer adds later (picked up from the ``post_<variable>_<state>`` columns).
+(``"learning_rate/too_high"`` ...): the seven abnormal states of :mod:`neuraldbg.vocab`, plus
+any state a developer adds later (picked up from the ``post_<variable>_<state>`` columns).
 
 Prediction rule
 ---------------
@@ -21,6 +21,11 @@ of the scores (the same as of ``q``), top-k the k highest; ties go to the earlie
 Brier, log loss and ECE use ``q``, so the Bayesian network and the baselines (which produce a
 distribution over the same labels directly) are scored on one scale.
 
+The distribution-level scores themselves (``normalize``, ``ranking``, ``top_label``,
+``bin_index``, ``ece``, ``ece_null_band``, ``brier``, ``log_loss``, ``nll``) are
+:mod:`neuraldbg.scoring`'s, imported here so the benchmark, the prior fitter and the
+calibration experiment score alike; this module adds what reads records frames.
+
 Calibration
 -----------
 Top-label ECE with 15 equal-width bins (Guo et al. 2017; bin ``m`` holds confidences in
@@ -35,31 +40,27 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
-#: Root-cause variables and their states (API.md); the first state of each is ``ok``.
-ROOT_STATES: dict[str, tuple[str, ...]] = {
-    "learning_rate": ("ok", "too_high", "too_low"),
-    "initialization": ("ok", "too_small", "too_large"),
-    "data": ("ok", "corrupted", "shifted"),
-    "architecture": ("ok", "unstable"),
-}
-HEALTHY = "healthy"
-#: The abnormal labels of API.md, in a fixed order.
-ABNORMAL_LABELS: tuple[str, ...] = tuple(
-    f"{var}/{state}" for var, states in ROOT_STATES.items() for state in states if state != "ok"
-)
-#: The full label space in tie-breaking order.
-LABELS: tuple[str, ...] = (HEALTHY,) + ABNORMAL_LABELS
+from neuraldbg.scoring import (LOG_LOSS_EPS, N_BINS, bin_index, brier, check_probs, ece, ece_null_band,
+                               log_loss, nll, normalize, ranking, top_label)
+from neuraldbg.vocab import ABNORMAL_LABELS, HEALTHY, LABELS, ROOTS
 
-#: Bins of the top-label ECE.
-N_BINS = 15
-#: Probability clip of the log loss: one confident miss costs at most -log(1e-6) = 13.8 nats,
-#: so a single run cannot swamp the mean, yet overconfidence still shows.
-LOG_LOSS_EPS = 1e-6
+__all__ = [
+    "ABNORMAL_LABELS", "HEALTHY", "LABELS", "LOG_LOSS_EPS", "N_BINS", "ROOT_STATES", "accuracy", "bin_index",
+    "bn_alarms", "brier", "check_probs", "confusion_matrix", "distribution_alarms", "distribution_from_json",
+    "ece", "ece_null_band", "false_alarm_rate", "grouped_accuracy", "is_missing", "label_index", "label_of",
+    "label_scores", "labels_from_columns", "localization", "log_loss", "nll", "normalize", "onset_errors",
+    "parse_post_column", "post_column", "posterior_columns", "ranking", "reliability_null_band",
+    "reliability_table", "score_distribution", "top_label", "topk_correct", "true_labels", "wilson_interval",
+]
+
+#: The root-cause variables and their states, under the name the benchmark always used.
+ROOT_STATES = ROOTS
 
 
 # --------------------------------------------------------------------------- labels
@@ -138,14 +139,6 @@ def label_scores(records: pd.DataFrame, labels: Sequence[str] | None = None) -> 
     return pd.DataFrame(out, index=records.index)
 
 
-def normalize(scores: pd.DataFrame | np.ndarray) -> np.ndarray:
-    """Rows divided by their sums; an all-zero row becomes uniform."""
-    s = np.asarray(scores, dtype=float)
-    tot = s.sum(axis=1, keepdims=True)
-    uniform = np.full_like(s, 1.0 / s.shape[1]) if s.ndim == 2 and s.shape[1] else s
-    return np.where(tot > 0, s / np.where(tot > 0, tot, 1.0), uniform)
-
-
 def distribution_from_json(values: Iterable[object], labels: Sequence[str]) -> np.ndarray:
     """Rows of ``{label: p}`` JSON strings (or dicts) as an (n, L) array over ``labels``, normalized.
 
@@ -169,11 +162,6 @@ def label_index(y: Iterable[str], labels: Sequence[str]) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- accuracy
-
-def ranking(scores: np.ndarray) -> np.ndarray:
-    """Label indices per row, best first; ties keep label order (a stable sort)."""
-    return np.argsort(-np.asarray(scores, dtype=float), axis=1, kind="stable")
-
 
 def topk_correct(scores: np.ndarray, y: np.ndarray, k: int = 1) -> np.ndarray:
     """Boolean per row: the true label index ``y`` is among the ``k`` best-scored labels."""
@@ -219,60 +207,6 @@ def confusion_matrix(y_true: Sequence[str], y_pred: Sequence[str], labels: Seque
 
 # --------------------------------------------------------------------------- calibration
 
-def top_label(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(predicted index, confidence)`` per row of a distribution."""
-    probs = np.asarray(probs, dtype=float)
-    pred = ranking(probs)[:, 0] if len(probs) else np.zeros(0, dtype=int)
-    return pred, probs[np.arange(len(probs)), pred]
-
-
-def bin_index(confidence: np.ndarray, n_bins: int = N_BINS) -> np.ndarray:
-    """Equal-width bin of each confidence: bin m (0-based) holds ``(m/n, (m+1)/n]``, bin 0 also 0."""
-    c = np.clip(np.asarray(confidence, dtype=float), 0.0, 1.0)
-    return np.clip(np.ceil(c * n_bins).astype(int) - 1, 0, n_bins - 1)
-
-
-def ece(confidence: np.ndarray, correct: np.ndarray, n_bins: int = N_BINS) -> float:
-    """Expected calibration error: sum over bins of |accuracy - confidence| weighted by bin share."""
-    c = np.asarray(confidence, dtype=float)
-    ok = np.asarray(correct, dtype=float)
-    if len(c) == 0:
-        return math.nan
-    b = bin_index(c, n_bins)
-    gap = np.bincount(b, weights=ok - c, minlength=n_bins)
-    return float(np.abs(gap).sum() / len(c))
-
-
-def ece_null_band(confidence: np.ndarray, n_bins: int = N_BINS, draws: int = 2000,
-                  level: float = 0.95, seed: int = 0) -> dict[str, float]:
-    """ECE expected from a perfectly calibrated predictor with these confidences.
-
-    Each draw marks every row correct with probability equal to its confidence (what labels
-    drawn from the model's own distribution do to the top label) and computes the ECE;
-    returns the ``level`` central band (``lo``, ``hi``) and the ``median`` of the draws.
-    """
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
-    c = np.clip(np.asarray(confidence, dtype=float), 0.0, 1.0)
-    n = len(c)
-    if n == 0:
-        return {"lo": math.nan, "median": math.nan, "hi": math.nan}
-    rng = np.random.default_rng(seed)
-    b = bin_index(c, n_bins)
-    out = np.empty(draws)
-    # chunks keep memory flat for large n x draws
-    chunk = max(1, 2_000_000 // n)
-    for start in range(0, draws, chunk):
-        m = min(chunk, draws - start)
-        hits = rng.random((m, n)) < c
-        idx = (np.arange(m)[:, None] * n_bins + b[None, :]).ravel()
-        gap = np.bincount(idx, weights=(hits - c).ravel(), minlength=m * n_bins).reshape(m, n_bins)
-        out[start:start + m] = np.abs(gap).sum(axis=1) / n
-    a = (1 - level) / 2
-    lo, med, hi = np.quantile(out, [a, 0.5, 1 - a])
-    return {"lo": float(lo), "median": float(med), "hi": float(hi)}
-
-
 def reliability_table(confidence: np.ndarray, correct: np.ndarray, n_bins: int = N_BINS) -> pd.DataFrame:
     """Per bin: edges, count, mean confidence and accuracy (NaN for empty bins)."""
     c = np.asarray(confidence, dtype=float)
@@ -286,25 +220,6 @@ def reliability_table(confidence: np.ndarray, correct: np.ndarray, n_bins: int =
         "lo": np.arange(n_bins) / n_bins, "hi": np.arange(1, n_bins + 1) / n_bins,
         "count": cnt, "confidence": conf, "accuracy": acc,
     })
-
-
-def brier(probs: np.ndarray, y: np.ndarray) -> float:
-    """Multi-class Brier score: mean over rows of sum_k (q_k - 1[k = y])^2, in [0, 2]."""
-    p = _check_probs(probs)
-    if len(p) == 0:
-        return math.nan
-    onehot = np.zeros_like(p)
-    onehot[np.arange(len(p)), np.asarray(y, dtype=int)] = 1.0
-    return float(((p - onehot) ** 2).sum(axis=1).mean())
-
-
-def log_loss(probs: np.ndarray, y: np.ndarray, eps: float = LOG_LOSS_EPS) -> float:
-    """Mean negative log probability of the true label, clipped to ``[eps, 1]``."""
-    p = _check_probs(probs)
-    if len(p) == 0:
-        return math.nan
-    q = np.clip(p[np.arange(len(p)), np.asarray(y, dtype=int)], eps, 1.0)
-    return float(-np.log(q).mean())
 
 
 # --------------------------------------------------------------------------- false alarms
@@ -323,20 +238,43 @@ def distribution_alarms(probs: np.ndarray, healthy_index: int = 0, threshold: fl
     return (pred != healthy_index) | (p[:, healthy_index] < threshold)
 
 
+def wilson_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Two-sided Wilson score interval ``(lo, hi)`` at ``level`` for ``k`` successes in ``n`` trials.
+
+    Unlike the normal-approximation interval it stays inside [0, 1] and does not collapse to a
+    point at ``k = 0``, which is where false-alarm rates live. ``(nan, nan)`` for ``n = 0``.
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    if not 0 <= k <= n:
+        raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
+    if n == 0:
+        return math.nan, math.nan
+    z = statistics.NormalDist().inv_cdf(1 - (1 - level) / 2)
+    z2 = z * z
+    centre = (k + z2 / 2) / (n + z2)
+    half = z / (n + z2) * math.sqrt(k * (n - k) / n + z2 / 4)
+    # at k = 0 (k = n) the bound is exactly 0 (1); rounding would leave 1e-17 there
+    return (0.0 if k == 0 else max(0.0, centre - half)), (1.0 if k == n else min(1.0, centre + half))
+
+
 def false_alarm_rate(alarms: np.ndarray, level: float = 0.95) -> dict[str, float]:
     """Rate of alarms with its exact (Clopper-Pearson) one-sided upper bound at ``level``.
 
     The bound says how small a rate the run count can vouch for: zero alarms in 150 runs
-    still only bound the rate by 0.02.
+    still only bound the rate by 0.02. ``wilson_lo``/``wilson_hi`` give the two-sided Wilson
+    interval at the same level (:func:`wilson_interval`).
     """
     from scipy.stats import beta
 
     a = np.asarray(alarms, dtype=bool)
     n, k = int(a.size), int(a.sum())
     if n == 0:
-        return {"n": 0, "alarms": 0, "rate": math.nan, "upper": math.nan}
+        return {"n": 0, "alarms": 0, "rate": math.nan, "upper": math.nan, "wilson_lo": math.nan,
+                "wilson_hi": math.nan}
     upper = 1.0 if k == n else float(beta.ppf(level, k + 1, n - k))
-    return {"n": n, "alarms": k, "rate": k / n, "upper": upper}
+    lo, hi = wilson_interval(k, n, level)
+    return {"n": n, "alarms": k, "rate": k / n, "upper": upper, "wilson_lo": lo, "wilson_hi": hi}
 
 
 # --------------------------------------------------------------------------- localization
@@ -380,7 +318,7 @@ def score_distribution(probs: np.ndarray, y: np.ndarray, scores: np.ndarray | No
 
     ``scores`` (default ``probs``) decide the ranking, ``probs`` the calibration metrics.
     """
-    probs = _check_probs(probs)
+    probs = check_probs(probs)
     scores = probs if scores is None else np.asarray(scores, dtype=float)
     y = np.asarray(y, dtype=int)
     pred, conf = top_label(probs)
@@ -403,15 +341,6 @@ def score_distribution(probs: np.ndarray, y: np.ndarray, scores: np.ndarray | No
 
 
 # --------------------------------------------------------------------------- helpers
-
-def _check_probs(probs: np.ndarray) -> np.ndarray:
-    p = np.asarray(probs, dtype=float)
-    if p.ndim != 2:
-        raise ValueError(f"probs must be 2-D (runs x labels), got shape {p.shape}")
-    if len(p) and (np.any(p < -1e-12) or not np.allclose(p.sum(axis=1), 1.0, atol=1e-6)):
-        raise ValueError("probs rows must be distributions (non-negative, summing to 1); use normalize()")
-    return p
-
 
 def is_missing(v: object) -> bool:
     """True for None, NaN, pandas NA and blank strings: how records spell "no value"."""

@@ -9,6 +9,7 @@ times is taken per pair and the median reported, for ``every=1`` and ``every=10`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -34,9 +35,7 @@ def timed_run(hidden: int, steps: int, every: int | None, device: str, batch: in
     xs = torch.randn(8, batch, 64, generator=gen, device=device)
     ys = torch.randint(0, 10, (8, batch), generator=gen, device=device)
     dbg = NeuralDbg(model, family="mlp", every=every) if every else None
-    if dbg:
-        dbg.__enter__()
-    try:
+    with dbg if dbg else contextlib.nullcontext():
         for step in range(steps + 5):
             if step == 5:  # warm-up excluded
                 if device == "cuda":
@@ -51,9 +50,6 @@ def timed_run(hidden: int, steps: int, every: int | None, device: str, batch: in
         if device == "cuda":
             torch.cuda.synchronize()
         return (time.perf_counter() - t0) / steps
-    finally:
-        if dbg:
-            dbg.__exit__(None, None, None)
 
 
 def main(argv: list[str] | None = None) -> dict[int, float]:

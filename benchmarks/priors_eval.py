@@ -1,4 +1,4 @@
-"""Does prior tuning help, on runs it was not fitted on? (issue 6, verification)
+"""Does prior tuning help, on runs it was not fitted on? (held-out verification)
 
 Two checks on a benchmark output directory (``records.csv`` + ``sessions/``):
 
@@ -34,14 +34,11 @@ import pandas as pd
 
 from benchmarks import metrics as M
 from neuraldbg.causal.cpd import build_cpds
-from neuraldbg.priors import load_priors
-from neuraldbg.priors.tune import (DEFAULT_ESS, DEFAULT_FOLDS, LABELS, Prediction, Run, cross_validate, fit_cpds,
-                                   hand_set_base, load_runs, predict)
+from neuraldbg.causal.priors import load_priors
+from neuraldbg.fit import (DEFAULT_ESS, DEFAULT_FOLDS, Prediction, Run, cross_validate, fit_cpds, hand_set_base,
+                           load_runs, predict)
 
 log = logging.getLogger("neuraldbg")
-
-#: label order of the tuning module must be the benchmark's, or the scores would not compare
-assert LABELS == M.LABELS, (LABELS, M.LABELS)
 
 PREDICTORS = ("hand_set", "fitted", "fitted_tempered")
 #: a healthy run raises an alarm when P(healthy) falls under this (``metrics.bn_alarms``)
@@ -61,8 +58,7 @@ def scores(probs: np.ndarray, runs: Sequence[Run], weights: np.ndarray | None = 
     out = {"n": len(keep), "log_loss": M.log_loss(p, y), "brier": M.brier(p, y),
            "ece": M.ece(conf, pred == y), "top1": M.accuracy(p, y)}
     if weights is not None:
-        nll = -np.log(np.clip(p[np.arange(len(y)), y], M.LOG_LOSS_EPS, 1.0))
-        out["mix_log_loss"] = float(np.average(nll, weights=np.asarray(weights)[keep]))
+        out["mix_log_loss"] = float(np.average(M.nll(p, y), weights=np.asarray(weights)[keep]))
     return out
 
 
@@ -136,33 +132,70 @@ def kfold_by_seed(runs: Sequence[Run], families: Sequence[str] | None = None, fo
     return df, cvs
 
 
-def leave_one_arch_out(runs: Sequence[Run], ess: float = DEFAULT_ESS, cvs: Mapping[str, Any] | None = None,
-                       archs: Sequence[str] | None = None) -> pd.DataFrame:
-    """Per architecture: hand-set vs CPDs fitted on all other architectures, on its runs.
+def loao_predictions(runs: Sequence[Run], ess: float = DEFAULT_ESS, temperatures: Sequence[float] = (1.0,),
+                     archs: Sequence[str] | None = None) -> dict[str, Any]:
+    """Held-out predictions of every run whose architecture is left out of the fit.
 
-    With ``cvs`` (from :func:`kfold_by_seed`) the in-family held-out score of the same runs
-    is added and ``gap_log_loss`` = LOAO fitted - in-family fitted (both at temperature 1).
+    Per architecture, CPDs are fitted on every *other* architecture's runs (all families
+    pooled; the held-out family's hand-set file gives the root priors and the prior shape).
+    Returns ``{"runs": [...], "hand_set": Prediction, "loao": {T: Prediction}, "train_runs": {arch: n}}``
+    with rows in ``runs`` order; architectures without other runs to train on are left out.
     """
     archs = sorted({r.arch for r in runs}) if archs is None else list(archs)
-    rows = []
+    grid = sorted({float(t) for t in temperatures})
+    order: list[Run] = []
+    hand: list[Prediction] = []
+    per_t: dict[float, list[Prediction]] = {t: [] for t in grid}
+    trained: dict[str, int] = {}
     for arch in archs:
         test = [r for r in runs if r.arch == arch]
         train = [r for r in runs if r.arch != arch]
         if not test or not train:
             continue
-        fam = test[0].family
-        pri = hand_set_base(load_priors(fam))
+        pri = hand_set_base(load_priors(test[0].family))
         base = build_cpds(pri.roots, pri.cpds)
-        hand = predict(base, test, pri.temperature)
-        fitted, info = fit_cpds(train, base, ess=ess, engine="numpy")
-        loao = predict(fitted, test, 1.0)
-        row: dict[str, Any] = {"arch": arch, "family": fam, "runs": len(test), "train_runs": len(train)}
-        row.update(_row("hand_set", scores(hand.label_probs, test)))
-        row.update(_row("loao", scores(loao.label_probs, test)))
+        fitted, _ = fit_cpds(train, base, ess=ess, engine="numpy")
+        order += test
+        hand.append(predict(base, test, pri.temperature))
+        for t in grid:
+            per_t[t].append(predict(fitted, test, t))
+        trained[arch] = len(train)
+    return {"runs": order, "hand_set": concat_predictions(hand),
+            "loao": {t: concat_predictions(p) for t, p in per_t.items()},
+            "train_runs": trained}
+
+
+def concat_predictions(preds: Sequence[Prediction]) -> Prediction:
+    """Predictions of several run sets stacked in order (an empty one for none)."""
+    if not preds:
+        return Prediction({}, np.zeros(0), np.zeros((0, len(M.LABELS))))
+    marg = {v: np.concatenate([p.marginals[v] for p in preds]) for v in preds[0].marginals}
+    return Prediction(marg, np.concatenate([p.p_healthy for p in preds]),
+                      np.concatenate([p.label_probs for p in preds]))
+
+
+def leave_one_arch_out(runs: Sequence[Run], ess: float = DEFAULT_ESS, cvs: Mapping[str, Any] | None = None,
+                       archs: Sequence[str] | None = None, preds: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """Per architecture: hand-set vs CPDs fitted on all other architectures, on its runs.
+
+    With ``cvs`` (from :func:`kfold_by_seed`) the in-family held-out score of the same runs
+    is added and ``gap_log_loss`` = LOAO fitted - in-family fitted (both at temperature 1).
+    ``preds`` (from :func:`loao_predictions`, with temperature 1) saves refitting.
+    """
+    preds = preds if preds is not None else loao_predictions(runs, ess=ess, archs=archs)
+    prun = preds["runs"]
+    rows = []
+    for arch in dict.fromkeys(r.arch for r in prun):
+        idx = [i for i, r in enumerate(prun) if r.arch == arch]
+        test = [prun[i] for i in idx]
+        fam = test[0].family
+        row: dict[str, Any] = {"arch": arch, "family": fam, "runs": len(test), "train_runs": preds["train_runs"][arch]}
+        row.update(_row("hand_set", scores(preds["hand_set"].label_probs[idx], test)))
+        row.update(_row("loao", scores(preds["loao"][1.0].label_probs[idx], test)))
         cv = (cvs or {}).get(fam)
         if cv is not None:
-            idx = [i for i, r in enumerate(cv.runs) if r.arch == arch]
-            row.update(_row("in_family", scores(cv.fitted.label_probs[idx], [cv.runs[i] for i in idx])))
+            cidx = [i for i, r in enumerate(cv.runs) if r.arch == arch]
+            row.update(_row("in_family", scores(cv.fitted.label_probs[cidx], [cv.runs[i] for i in cidx])))
             row["gap_log_loss"] = row["loao_log_loss"] - row["in_family_log_loss"]
             row["gap_top1"] = row["loao_top1"] - row["in_family_top1"]
         rows.append(row)
@@ -170,15 +203,21 @@ def leave_one_arch_out(runs: Sequence[Run], ess: float = DEFAULT_ESS, cvs: Mappi
 
 
 def evaluate(dir_: str | Path, folds: int = DEFAULT_FOLDS, ess: float = DEFAULT_ESS, seed: int = 0,
-             runs: Sequence[Run] | None = None) -> dict[str, Any]:
-    """Both checks on a benchmark output directory: ``{"kfold", "loao", "runs", ...}``."""
+             runs: Sequence[Run] | None = None, temperatures: Sequence[float] = (1.0,)) -> dict[str, Any]:
+    """Both checks on a benchmark output directory: ``{"kfold", "loao", "runs", ...}``.
+
+    Also returns the per-run held-out predictions: ``"cvs"`` (K-fold, per family) and
+    ``"loao_preds"`` (:func:`loao_predictions` at ``temperatures``, 1.0 always included).
+    """
     runs = list(runs) if runs is not None else load_runs(dir_)
     if not runs:
         raise ValueError(f"{dir_}: no usable runs (records.csv with session files)")
     kf, cvs = kfold_by_seed(runs, folds=folds, ess=ess, seed=seed)
-    loao = leave_one_arch_out(runs, ess=ess, cvs=cvs)
+    preds = loao_predictions(runs, ess=ess, temperatures=sorted({1.0, *map(float, temperatures)}))
+    loao = leave_one_arch_out(runs, ess=ess, cvs=cvs, preds=preds)
     return {"kfold": kf, "loao": loao, "runs": len(runs), "folds": folds, "ess": ess,
-            "seeds": sorted({r.seed for r in runs}), "archs": sorted({r.arch for r in runs})}
+            "seeds": sorted({r.seed for r in runs}), "archs": sorted({r.arch for r in runs}),
+            "cvs": cvs, "loao_preds": preds}
 
 
 def _fmt(v: Any) -> str:

@@ -12,18 +12,18 @@ One runner drives them all, with or without the monitor::
 
 ``python -m models`` lists the zoo and the ground truth of every injection;
 docs/models.md explains each architecture, its task and why each injection maps to its cause.
+The registry (``Trainer``, ``ArchSpec``, shared helpers) is :mod:`models.registry`, the one
+runner :mod:`models.runner`, the failure injectors :mod:`models.injections`.
 """
-from models.zoo import (
+from models.registry import (
     FAMILIES,
     ArchSpec,
-    RunResult,
     Trainer,
     architectures,
     default_config,
     family,
     get_arch,
     register_arch,
-    run,
 )
 from models.injections import (
     ONSET_FRAC,
@@ -34,6 +34,7 @@ from models.injections import (
     injections,
     register_injection,
 )
+from models.runner import RunResult, run
 
 # importing an architecture file registers it (and its own injections); order = listing order
 from models import mlp, cnn, transformer, dcgan, lora, diffusion, lstm, gnn, rl  # noqa: E402,F401

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.injections import register_general
-from models.zoo import ArchSpec, Trainer, register_arch, scale_weights
+from models.registry import ArchSpec, Trainer, register_arch, scale_weights
 
 SHAPES = ("square", "disc", "plus", "triangle")
 

@@ -21,7 +21,7 @@ import torch
 
 from models.injections import register_general
 from models.mlp import MLPConfig, MLPTrainer
-from models.zoo import ArchSpec, register_arch
+from models.registry import ArchSpec, register_arch
 
 
 @dataclass

@@ -15,7 +15,7 @@ from torch import nn
 
 from models.injections import register_general
 from models.mlp import MLPConfig, MLPTrainer
-from models.zoo import ArchSpec, register_arch
+from models.registry import ArchSpec, register_arch
 
 
 @dataclass

@@ -17,7 +17,7 @@ from torch import nn
 
 from models.cnn import make_shapes
 from models.injections import ONSET_FRAC, Injection, register_general, register_injection
-from models.zoo import ArchSpec, Trainer, register_arch, scale_weights
+from models.registry import ArchSpec, Trainer, register_arch, scale_weights
 
 
 @dataclass

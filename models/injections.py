@@ -1,9 +1,9 @@
 """Failure injectors with known ground truth, and their registry.
 
 An :class:`Injection` is a small frozen record: a ``name``, the ``archs`` it applies to,
-the ground-truth root cause ``truth`` as a ``(variable, state)`` pair of API.md (``None``
-for ``healthy``), where it enters (``layer``), when (``onset``), what the run itself shows
-(``symptom``), and up to four hooks the trainers call:
+the ground-truth root cause ``truth`` as a ``(variable, abnormal state)`` pair of
+:data:`neuraldbg.vocab.ROOTS` (``None`` for ``healthy``), where it enters (``layer``), when
+(``onset``), what the run itself shows (``symptom``), and up to four hooks the trainers call:
 
 - ``config(cfg) -> cfg``        before anything is built (learning rate, init gain, depth);
 - ``model(model, cfg, trainer)`` after the model is built (e.g. install a faulty forward hook);
@@ -26,18 +26,11 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from models.zoo import ArchSpec, get_arch
+from models.registry import ArchSpec, get_arch
+from neuraldbg.vocab import validate_truth
 
 #: Fraction of the run at which mid-run faults fire: NeuralDBG sees a healthy warm-up first.
 ONSET_FRAC = 0.4
-
-#: The root-cause states of API.md (the truths below must be among them).
-ROOT_CAUSES = {
-    "learning_rate": ("ok", "too_high", "too_low"),
-    "initialization": ("ok", "too_small", "too_large"),
-    "data": ("ok", "corrupted", "shifted"),
-    "architecture": ("ok", "unstable"),
-}
 
 #: What a run can show, independent of NeuralDBG (see models.symptoms).
 SYMPTOMS = (
@@ -78,9 +71,10 @@ class Injection:
 
     def __post_init__(self) -> None:
         if self.truth is not None:
-            var, state = self.truth
-            if var not in ROOT_CAUSES or state not in ROOT_CAUSES[var] or state == "ok":
-                raise ValueError(f"{self.name}: truth {self.truth!r} is not a fault of API.md")
+            try:
+                validate_truth(self.truth)
+            except ValueError as exc:
+                raise ValueError(f"{self.name}: truth {self.truth!r} is not a fault ({exc})") from None
         if self.symptom not in SYMPTOMS:
             raise ValueError(f"{self.name}: unknown symptom {self.symptom!r}")
 

@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from models.injections import Injection, register_general, register_injection
+from models.registry import ArchSpec, Trainer, register_arch, set_lr, warmup_lr
 from models.transformer import GPT, MarkovText, TransformerConfig, lm_loss
-from models.zoo import ArchSpec, Trainer, register_arch, set_lr, warmup_lr
 
 
 @dataclass

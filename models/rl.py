@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.injections import ONSET_FRAC, Injection, register_general, register_injection
-from models.zoo import ArchSpec, Trainer, register_arch, scale_weights
+from models.registry import ArchSpec, Trainer, register_arch, scale_weights
 
 
 @dataclass

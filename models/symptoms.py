@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from models.zoo import RunResult
+from models.runner import RunResult
 
 
 def _finite(xs: Sequence[float]) -> bool:

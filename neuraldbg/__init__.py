@@ -2,25 +2,55 @@
 
 ``with NeuralDbg(model) as dbg:`` around an unchanged loop collects cheap statistics,
 turns them into semantic events and ranks root causes with a Bayesian network.
-Importing this package does not import pgmpy (the causal engine loads it lazily).
+
+Importing this package loads neither torch nor pgmpy: every public name is resolved on first
+use (PEP 562), so the pure parts (:mod:`neuraldbg.vocab`, :mod:`neuraldbg.causal.structure`,
+reading a session) work without them. ``docs/api.md`` is the public contract.
 """
-from neuraldbg.config import DetectorConfig
-from neuraldbg.distributed import merge_sessions
-from neuraldbg.events.base import EVENT_KINDS, EVENT_TYPES, FAILURE_TYPES, Event
-from neuraldbg.events.registry import register_detector
-from neuraldbg.monitor.monitor import NeuralDbg
-from neuraldbg.session import Session, load_session
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from neuraldbg.vocab import EVENT_KINDS, EVENT_TYPES, FAILURE_TYPES
 
 __version__ = "0.1.0"
 
-__all__ = ["NeuralDbg", "Event", "DetectorConfig", "Session", "load_session", "merge_sessions", "register_detector",
-           "EVENT_TYPES", "EVENT_KINDS", "FAILURE_TYPES", "__version__"]
+#: public name -> module that defines it (imported when the name is first used)
+_LAZY: dict[str, str] = {
+    "NeuralDbg": "neuraldbg.monitor.monitor",
+    "DetectorConfig": "neuraldbg.config",
+    "Event": "neuraldbg.events.base",
+    "register_detector": "neuraldbg.events.registry",
+    "Session": "neuraldbg.session",
+    "load_session": "neuraldbg.session",
+    "save_session": "neuraldbg.session",
+    "merge_sessions": "neuraldbg.distributed",
+    "Hypothesis": "neuraldbg.causal.types",
+    "CausalChain": "neuraldbg.causal.types",
+    "Coupling": "neuraldbg.causal.types",
+}
+
+__all__ = sorted(_LAZY) + ["EVENT_TYPES", "EVENT_KINDS", "FAILURE_TYPES", "__version__"]
+
+if TYPE_CHECKING:  # pragma: no cover - static names for type checkers and IDEs
+    from neuraldbg.causal.types import CausalChain, Coupling, Hypothesis
+    from neuraldbg.config import DetectorConfig
+    from neuraldbg.distributed import merge_sessions
+    from neuraldbg.events.base import Event
+    from neuraldbg.events.registry import register_detector
+    from neuraldbg.monitor.monitor import NeuralDbg
+    from neuraldbg.session import Session, load_session, save_session
 
 
-def __getattr__(name):
-    # frozen result records live with the causal engine; import them on first use
-    if name in ("Hypothesis", "CausalChain", "Coupling"):
-        from neuraldbg.causal import types
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'neuraldbg' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
-        return getattr(types, name)
-    raise AttributeError(f"module 'neuraldbg' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

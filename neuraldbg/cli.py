@@ -71,7 +71,8 @@ def _load(path: str) -> Any:
 
 def _priors_for(session: Any, args: argparse.Namespace) -> tuple[Any, str]:
     """(priors argument for the engine, human-readable source)."""
-    from neuraldbg.priors import FAMILIES, PriorError, load_priors
+    from neuraldbg.causal.priors import PriorError, load_priors
+    from neuraldbg.vocab import FAMILIES
 
     if args.priors:
         try:
@@ -217,7 +218,7 @@ def run_explain(args: argparse.Namespace) -> int:
 
 @command("tune-priors")
 def _tune_parser(sub: Any) -> argparse.ArgumentParser:
-    from neuraldbg.priors.tune import DEFAULT_ESS, DEFAULT_FOLDS
+    from neuraldbg.fit import DEFAULT_ESS, DEFAULT_FOLDS
 
     p = sub.add_parser(
         "tune-priors", help="fit a family's prior file to benchmark runs",
@@ -244,8 +245,9 @@ def _tune_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run_tune(args: argparse.Namespace) -> int:
     """Fit, write the prior file, print a summary; 1 when the runs or settings are unusable."""
-    from neuraldbg.priors import FAMILIES, PriorError
-    from neuraldbg.priors.tune import TuneError, tune
+    from neuraldbg.causal.priors import PriorError
+    from neuraldbg.fit import TuneError, tune
+    from neuraldbg.vocab import FAMILIES
 
     if args.family not in FAMILIES:
         print(f"neuraldbg tune-priors: unknown family {args.family!r}; valid: {', '.join(FAMILIES)}", file=sys.stderr)

@@ -7,7 +7,7 @@ these are the smallest models that show each failure.
 """
 from __future__ import annotations
 
-import math
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -121,7 +121,7 @@ def train_example(arch: str = "mlp", scenario: str = "healthy", seed: int = 0, s
     kwargs = {} if monitor is True else dict(monitor) if isinstance(monitor, dict) else None
     dbg = NeuralDbg(model, optimizer=opt, **kwargs) if kwargs is not None else None
     losses: list[float] = []
-    ctx = dbg if dbg is not None else _Null()
+    ctx = dbg if dbg is not None else nullcontext()
     with ctx:
         for step in range(steps):
             x = torch.randn(*shape, generator=gen)
@@ -148,11 +148,3 @@ def _labels(arch: str, x: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
     if arch == "transformer":
         return (x.mean(1) @ teacher).argmax(1)           # (B, T, 16) -> (B,)
     return (x @ teacher).argmax(1)
-
-
-class _Null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from neuraldbg.events.base import validate_failure_type
+from neuraldbg.vocab import validate_failure_type
 
 if TYPE_CHECKING:  # pragma: no cover
     from neuraldbg.causal.types import CausalChain, Coupling, Hypothesis
@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class CausalQueries:
-    """Mixin: the public causal queries of API.md, answered from ``self.trace()``."""
+    """Mixin: the public causal queries of ``docs/api.md``, answered from ``self.trace()``."""
 
     #: family name used for priors (set by subclasses)
     family: str
@@ -54,6 +54,14 @@ class CausalQueries:
         """Root cause -> first event -> propagation, for one failure type."""
         validate_failure_type(failure_type)
         return self._engine().causal_chain(self.trace(), failure_type, priors=self.priors_path)
+
+    def export_aquarium_package(self, path) -> str:  # pragma: no cover - abstract
+        """Write the session as one versioned JSON document (atomically); returns the path."""
+        raise NotImplementedError
+
+    def save_session(self, path) -> str:
+        """The plain-named twin of :meth:`export_aquarium_package`."""
+        return self.export_aquarium_package(path)
 
     def detect_coupled_failures(self) -> list["Coupling"]:
         """Pairs of event kinds that co-occur in a layer or adjacent layers."""

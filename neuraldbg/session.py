@@ -1,19 +1,18 @@
 """Exported sessions: one versioned JSON document per run, and reading it back.
 
 The schema is documented in ``docs/session_format.md``. Writes are atomic (temp file in
-the same folder, then ``os.replace``) so a crash never leaves a half-written session.
+the same folder, then ``os.replace``; :mod:`neuraldbg.jsonio`) so a crash never leaves a
+half-written session.
 """
 from __future__ import annotations
 
 import json
-import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
 from neuraldbg.events.base import Event
 from neuraldbg.events.compress import compress
+from neuraldbg.jsonio import decode_float, decode_nonfinite, encode_nonfinite, write_json_atomic
 from neuraldbg.queries import CausalQueries
 from neuraldbg.trace import LayerInfo, LossSummary, Trace
 
@@ -21,36 +20,11 @@ SCHEMA = "neuraldbg.session"
 SCHEMA_VERSION = 1
 
 
-def _enc(x: Any) -> Any:
-    """JSON has no NaN/Inf: encode them as strings, recursively."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    if isinstance(x, dict):
-        return {k: _enc(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_enc(v) for v in x]
-    return x
-
-
-def _dec_float(x: Any) -> Any:
-    if isinstance(x, str) and x in ("nan", "inf", "-inf"):
-        return float(x)
-    return x
-
-
-def _dec(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {k: _dec(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_dec(v) for v in x]
-    return _dec_float(x)
-
-
 def trace_to_dict(trace: Trace, *, config: dict | None = None, priors: str | None = None) -> dict:
     """The JSON document of a trace (see ``docs/session_format.md``)."""
     from neuraldbg import __version__
 
-    return _enc({
+    return encode_nonfinite({
         "schema": SCHEMA,
         "version": SCHEMA_VERSION,
         "neuraldbg_version": __version__,
@@ -82,11 +56,11 @@ def trace_from_dict(doc: Any, source: str = "<dict>") -> tuple[Trace, dict]:
     try:
         # decode "nan"/"inf" strings only where numbers live: an event kind is also "nan"
         doc = dict(doc)
-        doc["events"] = [{**e, "severity": _dec_float(e.get("severity", 0.0)), "values": _dec(e.get("values", {}))}
+        doc["events"] = [{**e, "severity": decode_float(e.get("severity", 0.0)), "values": decode_nonfinite(e.get("values", {}))}
                          for e in doc["events"]]
         for k in ("loss", "meta", "config"):
             if k in doc:
-                doc[k] = _dec(doc[k])
+                doc[k] = decode_nonfinite(doc[k])
         layers = tuple(LayerInfo(name=l["name"], type=l["type"], index=int(l["index"]),
                                  n_params=int(l.get("n_params", 0))) for l in doc["model"]["layers"])
         events = tuple(Event.from_dict(e) for e in doc["events"])
@@ -106,21 +80,7 @@ def trace_from_dict(doc: Any, source: str = "<dict>") -> tuple[Trace, dict]:
 
 def export_trace(trace: Trace, path, *, config: dict | None = None, priors: str | None = None) -> str:
     """Write ``trace`` to ``path`` atomically; returns the path as a string."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    doc = trace_to_dict(trace, config=config, priors=priors)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1, allow_nan=False)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return str(path)
+    return write_json_atomic(path, trace_to_dict(trace, config=config, priors=priors))
 
 
 class Session(CausalQueries):
@@ -147,11 +107,17 @@ class Session(CausalQueries):
         return events_frame(self._trace.events)
 
     def export_aquarium_package(self, path) -> str:
-        """Write this session again (e.g. after merging)."""
+        """Write this session again (e.g. after merging); returns the path."""
         return export_trace(self._trace, path, config=self.doc.get("config"), priors=self.priors_path)
 
     def __repr__(self) -> str:
         return f"Session(family={self.family!r}, events={len(self._trace.events)}, path={self.path!r})"
+
+
+def save_session(session: Any, path) -> str:
+    """Write a live monitor's or a loaded session's trace to ``path`` (the plain-named twin of
+    ``export_aquarium_package``); returns the path."""
+    return session.export_aquarium_package(path)
 
 
 def load_session(path) -> Session:

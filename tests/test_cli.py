@@ -98,7 +98,7 @@ def test_explain_several_sessions_and_failure_type(tmp_path, capsys):
 
 
 def test_explain_with_family_and_priors_overrides(tmp_path, capsys):
-    from neuraldbg.priors import load_priors
+    from neuraldbg.causal.priors import load_priors
 
     doc = load_priors("rnn").to_dict()
     pri = tmp_path / "tuned.json"

@@ -1,7 +1,7 @@
 """The causal queries: ``posterior``, ``hypotheses``, ``explain``, ``causal_chain``, ``couplings``.
 
 Every query takes a :class:`~neuraldbg.trace.Trace` and a prior source (``priors``: a path
-to a tuned prior file, a :class:`~neuraldbg.priors.Priors`, or ``None`` for the shipped
+to a tuned prior file, a :class:`~neuraldbg.causal.priors.Priors`, or ``None`` for the shipped
 priors of ``trace.family``). Light to import: numpy and the pure-Python network declaration,
 never pgmpy. The compiled network is cached per prior source (fingerprint of the validated
 content), so a query after the first costs the feature extraction plus one enumeration.
@@ -19,8 +19,8 @@ from neuraldbg.causal.compiled import CompiledNetwork
 from neuraldbg.causal.couplings import couplings as _couplings
 from neuraldbg.causal.cpd import build_cpds
 from neuraldbg.causal.types import CausalChain, Coupling, Hypothesis, Posterior
-from neuraldbg.events.base import validate_failure_type
-from neuraldbg.priors import Priors, load_priors
+from neuraldbg.vocab import validate_failure_type
+from neuraldbg.causal.priors import Priors, load_priors
 from neuraldbg.trace import Trace
 
 log = logging.getLogger("neuraldbg")

@@ -20,7 +20,8 @@ import numpy as np
 
 from neuraldbg.causal.compiled import CompiledNetwork
 from neuraldbg.causal.cpd import Cpd, build_cpds
-from neuraldbg.causal.structure import EVIDENCE_NAMES, LATENT_NAMES, ROOT_NAMES, NODE_BY_NAME
+from neuraldbg.causal.structure import EVIDENCE_NAMES, LATENT_NAMES, ROOT_NAMES
+from neuraldbg.scoring import ece
 
 
 class NaiveNetwork:
@@ -68,15 +69,13 @@ def sample(cpds: dict[str, Cpd], n: int, seed: int = 0) -> tuple[dict[str, np.nd
     return {v: vals[v] for v in ROOT_NAMES}, codes
 
 
-def _ece(p: np.ndarray, y: np.ndarray, bins: int = 10) -> float:
-    edges = np.linspace(0, 1, bins + 1)
-    idx = np.clip(np.digitize(p, edges) - 1, 0, bins - 1)
-    err = 0.0
-    for b in range(bins):
-        m = idx == b
-        if m.any():
-            err += m.mean() * abs(p[m].mean() - y[m].mean())
-    return float(err)
+def _ece(p: np.ndarray, y: np.ndarray) -> float:
+    """Calibration error of a binary probability ``p`` against outcomes ``y`` (0/1): the
+    benchmark's ECE (:func:`neuraldbg.scoring.ece`) on the predicted side's confidence."""
+    p = np.asarray(p, dtype=float)
+    y = np.asarray(y, dtype=float)
+    conf = np.where(p >= 0.5, p, 1 - p)
+    return ece(conf, np.where(p >= 0.5, y, 1 - y))
 
 
 @dataclass(frozen=True)

@@ -142,9 +142,25 @@ class CompiledNetwork:
 
     def posterior_batch(self, codes: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Root marginals ``{var: (N, card)}`` and ``P(healthy)`` ``(N,)`` for encoded cases."""
-        p = self._normalize(self.log_joint(codes))
-        marg = {v: p @ self._onehot[v] for v in ROOT_NAMES}
-        return marg, p @ self.healthy_mask.astype(float)
+        return self.marginals(self._normalize(self.log_joint(codes)))
+
+    def posterior_from_loglik(self, loglik: np.ndarray, temperature: float | None = None
+                              ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Root marginals and ``P(healthy)`` from ``log P(evidence | hidden)`` of a batch ``(N, H)``.
+
+        The batched posterior for evidence already reduced to log-likelihoods (partial
+        observations summed, as the prior fitter does); ``temperature`` defaults to this
+        network's own.
+        """
+        t = self.temperature if temperature is None else float(temperature)
+        if not t > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature!r}")
+        return self.marginals(self._normalize(np.atleast_2d(loglik) / t + self.log_prior))
+
+    def marginals(self, p: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Root marginals ``{var: (N, card)}`` and ``P(healthy)`` ``(N,)`` of hidden-state
+        posteriors ``p`` ``(N, H)``."""
+        return {v: p @ self._onehot[v] for v in ROOT_NAMES}, p @ self.healthy_mask.astype(float)
 
     def posterior(self, evidence: Mapping[str, str | Sequence[str]]) -> tuple[dict[str, dict[str, float]], float]:
         """Root marginals ``{var: {state: p}}`` and ``P(healthy)`` for one evidence dict."""

@@ -4,7 +4,7 @@ pgmpy takes seconds to import, so it is imported inside these functions only; th
 path (:mod:`.compiled`) never needs it. The model built here is the reference the compiled
 enumeration is tested against (``VariableElimination``), and the object the prior-tuning
 step fits (latent nodes are declared as ``latents``; parents are in sorted order, see
-pgmpy issue 3521).
+upstream pgmpy bug report 3521).
 """
 from __future__ import annotations
 

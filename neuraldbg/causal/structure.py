@@ -3,7 +3,7 @@
 Read this file top to bottom to know the whole model (``docs/causal_model.md`` draws it and
 gives the reasoning behind every number). Three kinds of node:
 
-* **roots** -- the four root-cause variables of API.md; their priors come from the family's
+* **roots** -- the four root-cause variables of ``docs/api.md`` (:data:`neuraldbg.vocab.ROOTS`); their priors come from the family's
   prior file (``neuraldbg/priors/<family>.json``), never from here;
 * **latents** -- mechanism nodes that are never observed: ``instability`` (the run blows up,
   either from the first step or during training) and ``signal_decay`` (signal shrinks
@@ -23,7 +23,7 @@ the leaky noisy-OR. The few nodes whose states are not ordered by severity (``de
 ``order``) are plain tables with one row per parent pattern.
 
 Parents are always kept in sorted order (pgmpy's ``fit_update`` mis-aligns columns
-otherwise, pgmpy issue 3521), and every CPD can be replaced by a fitted table from a prior
+otherwise, upstream pgmpy bug report 3521), and every CPD can be replaced by a fitted table from a prior
 file's ``cpds`` section (same node, same sorted parents, same states), which is how the
 prior-tuning step will re-fit them.
 """
@@ -32,14 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-#: Root-cause variables and their states (API.md). The first state is always ``ok``.
-ROOTS: dict[str, tuple[str, ...]] = {
-    "learning_rate": ("ok", "too_high", "too_low"),
-    "initialization": ("ok", "too_small", "too_large"),
-    "data": ("ok", "corrupted", "shifted"),
-    "architecture": ("ok", "unstable"),
-}
-ROOT_NAMES: tuple[str, ...] = tuple(sorted(ROOTS))
+from neuraldbg.vocab import ROOT_NAMES, ROOTS  # noqa: F401  (re-exported: the network's roots)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ def _short(e: Event) -> str:
 class Hypothesis:
     """One abnormal root-cause state, ranked by its posterior marginal.
 
-    ``cause``/``state`` name a root variable and one of its abnormal states (API.md table);
+    ``cause``/``state`` name a root variable and one of its abnormal states (``docs/api.md``, :data:`neuraldbg.vocab.ROOTS`);
     ``probability`` is ``P(cause = state | evidence)``; ``evidence`` holds the events whose
     observation raised that probability (the likelihood ratio of their evidence variable
     favours this state over "all ok"). ``str(h)`` is ``h.description``.

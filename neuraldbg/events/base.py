@@ -6,42 +6,11 @@ compared, pickled and written to JSON without touching torch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, asdict
+from dataclasses import dataclass, asdict
 from typing import Any, Iterable, Mapping
 
-GRADIENT = "gradient_health_transition"
-ACTIVATION = "activation_regime_shift"
-OPTIMIZER = "optimizer_instability"
-DATA = "data_anomaly"
-
-#: Event type -> the kinds it may carry. The causal engine reads these names.
-EVENT_KINDS: dict[str, tuple[str, ...]] = {
-    GRADIENT: ("vanishing", "exploding"),
-    ACTIVATION: ("dead", "saturated"),
-    OPTIMIZER: ("spike", "plateau", "divergence"),
-    DATA: ("nan", "inf", "shift"),
-}
-EVENT_TYPES: tuple[str, ...] = tuple(EVENT_KINDS)
-
-#: The failure types users ask about (``explain_failure``), and the (type, kind) pairs
-#: that count as evidence of each.
-FAILURE_TYPES: dict[str, tuple[tuple[str, str], ...]] = {
-    "vanishing_gradients": ((GRADIENT, "vanishing"),),
-    "exploding_gradients": ((GRADIENT, "exploding"),),
-    "dead_neurons": ((ACTIVATION, "dead"),),
-    "saturated_activations": ((ACTIVATION, "saturated"),),
-    "optimizer_instability": ((OPTIMIZER, "spike"), (OPTIMIZER, "plateau"), (OPTIMIZER, "divergence")),
-    "data_anomaly": ((DATA, "nan"), (DATA, "inf"), (DATA, "shift")),
-}
-
-
-def validate_failure_type(failure_type: str) -> str:
-    """Return ``failure_type`` if known, else raise ``ValueError`` naming the valid ones."""
-    if failure_type not in FAILURE_TYPES:
-        raise ValueError(
-            f"unknown failure_type {failure_type!r}; valid: {', '.join(FAILURE_TYPES)}"
-        )
-    return failure_type
+from neuraldbg.vocab import (ACTIVATION, DATA, EVENT_KINDS, EVENT_TYPES, FAILURE_TYPES, GRADIENT,  # noqa: F401
+                             OPTIMIZER, validate_failure_type)
 
 
 @dataclass(frozen=True)

@@ -52,8 +52,12 @@ def is_spike(loss: float, window: Sequence[float], z: float, ratio: float) -> tu
     return (zz > z and (loss + shift) > ratio * math.exp(_median(lw))), zz
 
 
-def relative_improvement(window: Sequence[float], edge: int = 10) -> float:
-    """(median of the first ``edge`` values - median of the last ``edge``) / |first median|."""
+def relative_median_drop(window: Sequence[float], edge: int = 10) -> float:
+    """How far the median fell across ``window``, relative to where it started.
+
+    (median of the first ``edge`` values - median of the last ``edge``) / |first median|:
+    positive when the values went down, 0.1 for a 10% drop.
+    """
     w = [float(x) for x in window]
     edge = max(1, min(edge, len(w) // 2))
     a = _median(w[:edge])
@@ -125,7 +129,7 @@ class LossInstabilityDetector(Detector):
                                           "best_median": self._best}))
         if self._plateau_ok and len(recent) >= cfg.plateau_window and self._first_median is not None:
             window = recent[-cfg.plateau_window:]
-            imp = relative_improvement(window)
+            imp = relative_median_drop(window)
             start = self._first_median
             level = _median(window[-10:])
             if imp < cfg.plateau_rel and start > 0 and level > (1.0 - cfg.plateau_max_progress) * start:

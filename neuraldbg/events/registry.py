@@ -43,6 +43,14 @@ class Detector:
         """Consume one checked step; return the events seen at it."""
         raise NotImplementedError
 
+    def forget_layer(self, layer: str) -> None:
+        """Drop what this detector learned about ``layer`` (its module was replaced mid-run).
+
+        The monitor calls this on every detector when a layer name gets a new module; the
+        default keeps nothing per layer and does nothing. Detectors with per-layer baselines
+        override it, since a baseline of the old weights says nothing about the new ones.
+        """
+
 
 DETECTORS: dict[str, type[Detector]] = {}
 D = TypeVar("D", bound=type[Detector])

@@ -1,10 +1,29 @@
-"""Host-side statistics of one checked step: what detectors read."""
+"""Host-side statistics of one checked step: what detectors read.
+
+The monitor transfers per-layer sums computed on the device; derived quantities
+(RMS, mean and std) are computed here from those sums, plain floats in, floats out, so that
+detectors never need torch.
+"""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from neuraldbg.monitor.stats import mean_std, rms
+
+def rms(sumsq: float, n: float) -> float:
+    """Root mean square from a sum of squares over ``n`` elements."""
+    if n <= 0:
+        return float("nan")
+    return math.sqrt(sumsq / n) if sumsq >= 0 else float("nan")
+
+
+def mean_std(total: float, sumsq: float, n: float) -> tuple[float, float]:
+    """Mean and (population) standard deviation from running sums."""
+    if n <= 0:
+        return float("nan"), float("nan")
+    m = total / n
+    var = max(sumsq / n - m * m, 0.0)
+    return m, math.sqrt(var)
 
 
 @dataclass

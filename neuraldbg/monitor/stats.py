@@ -2,12 +2,10 @@
 
 Each function returns a small 1-d float32 tensor (a few reductions) and never moves data
 to the host: the monitor concatenates one step's results and transfers them once. Derived
-quantities (RMS, fractions) are computed on the host from these sums by the helpers at the
-bottom, which are plain floats in, floats out.
+quantities (RMS, mean and std) are computed on the host from these sums, by the float helpers
+of :mod:`neuraldbg.events.stepstats`.
 """
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import nn
@@ -139,21 +137,3 @@ def grad_stats(g: torch.Tensor, inv_scale: torch.Tensor | None = None) -> torch.
 def fields_for(kind: str) -> tuple[str, ...]:
     """The output-stat layout for an activation kind."""
     return {"relu": DEAD_FIELDS, "bounded": SAT_FIELDS, "softmax": SAT_FIELDS}.get(kind, OUT_FIELDS)
-
-
-# ---- host-side helpers: floats in, floats out -------------------------------------------
-
-def rms(sumsq: float, n: float) -> float:
-    """Root mean square from a sum of squares over ``n`` elements."""
-    if n <= 0:
-        return float("nan")
-    return math.sqrt(sumsq / n) if sumsq >= 0 else float("nan")
-
-
-def mean_std(total: float, sumsq: float, n: float) -> tuple[float, float]:
-    """Mean and (population) standard deviation from running sums."""
-    if n <= 0:
-        return float("nan"), float("nan")
-    m = total / n
-    var = max(sumsq / n - m * m, 0.0)
-    return m, math.sqrt(var)

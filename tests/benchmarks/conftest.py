@@ -97,10 +97,11 @@ class FakeZoo:
 
 @pytest.fixture
 def fake_zoo(monkeypatch):
-    """Install a :class:`FakeZoo` as the harness's zoo (in-process runs only)."""
+    """Install a :class:`FakeZoo` as the ``zoo`` suite (in-process runs only)."""
     zoo = FakeZoo()
     import benchmarks.harness as h
+    import benchmarks.suites as s
 
-    monkeypatch.setattr(h, "_zoo", lambda: zoo)
+    monkeypatch.setattr(s, "_zoo", lambda: zoo)
     monkeypatch.setattr(h, "_WARM", set())
     return zoo

@@ -51,7 +51,7 @@ def test_records_have_the_api_schema(bench):
         else:
             assert (r["true_cause"], r["true_state"]) == ("data", "corrupted")
             assert r["true_layer"] != "" and r["true_onset"] != ""
-    # parquet is written exactly when a parquet engine is installed (API.md: "when available")
+    # parquet is written exactly when a parquet engine is installed (docs/api.md: "when available")
     assert (bench / "records.parquet").exists() == HAS_PARQUET
 
 

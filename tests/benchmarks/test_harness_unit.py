@@ -77,7 +77,7 @@ def test_suite_is_resumable_and_writes_tables(fake_zoo, tmp_path):
     H.run_suite(specs, tmp_path, workers=0, progress=False, retry_errors=False)
     assert len(fake_zoo.calls) - n_calls == 2
     assert (tmp_path / "records.csv").exists()
-    # parquet is written exactly when a parquet engine is installed (API.md: "when available")
+    # parquet is written exactly when a parquet engine is installed (docs/api.md: "when available")
     assert (tmp_path / "records.parquet").exists() == (importlib.util.find_spec("pyarrow") is not None)
     back = H.load_records(tmp_path)
     assert len(back) == len(df)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import numpy as np
 import pandas as pd
@@ -202,3 +203,25 @@ def test_perfect_one_hot_scores_zero(ys):
     assert M.brier(p, y) == 0.0
     assert M.log_loss(p, y) == pytest.approx(0.0, abs=1e-12)
     assert M.ece(np.ones(len(y)), np.ones(len(y))) == 0.0
+
+
+def test_wilson_interval_against_hand_computed_values():
+    # 5 of 10 at 95%: centre (5 + z^2/2) / (10 + z^2) = 0.5, half-width
+    # z / (10 + z^2) * sqrt(5 * 5 / 10 + z^2 / 4) with z = 1.959964 -> 0.263407
+    lo, hi = M.wilson_interval(5, 10)
+    assert lo == pytest.approx(0.236593, abs=1e-6) and hi == pytest.approx(0.763407, abs=1e-6)
+    # no alarm in 150 runs: the interval is [0, z^2 / (150 + z^2)] = [0, 3.841459 / 153.841459]
+    assert M.wilson_interval(0, 150) == (0.0, pytest.approx(0.0249702, abs=1e-6))
+    assert all(math.isnan(v) for v in M.wilson_interval(0, 0))
+    with pytest.raises(ValueError):
+        M.wilson_interval(3, 2)
+    fa = M.false_alarm_rate(np.array([True, False, False, False]))
+    assert (fa["wilson_lo"], fa["wilson_hi"]) == M.wilson_interval(1, 4)
+
+
+def test_wilson_interval_ends_are_exact_at_zero_and_all():
+    z2 = statistics.NormalDist().inv_cdf(0.975) ** 2
+    lo, hi = M.wilson_interval(0, 7)
+    assert lo == 0.0 and hi == pytest.approx(z2 / (7 + z2))  # no 1e-17 left from rounding
+    lo, hi = M.wilson_interval(7, 7)
+    assert hi == 1.0 and lo == pytest.approx(7 / (7 + z2))

@@ -31,6 +31,11 @@ def test_report_writes_markdown_plots_and_goals(bench_dir, capsys):
     assert verdicts["healthy false-alarm rate <= 0.02"] == "PASS"
     assert summary["n_errors"] == 6
     assert "PASS" in capsys.readouterr().out
+    # the stand-in sessions are no NeuralDBG sessions: the headline counts them as skipped, and
+    # a report of one zoo folder still has the ecosystem columns, at n = 0
+    assert "## Suites side by side" in text and "without a usable session" in text
+    suites = json.loads((bench_dir / "suites.json").read_text())
+    assert suites["table"]["eco_hand_set"]["n"] == 0 and suites["counts"]["zoo"]["errored"] == 6
 
 
 def test_evaluate_counts_and_scores(bench_dir):

@@ -10,7 +10,7 @@ import pytest
 
 from neuraldbg.causal import api
 from neuraldbg.causal.types import Posterior
-from neuraldbg.priors import PriorError, load_priors
+from neuraldbg.causal.priors import PriorError, load_priors
 from neuraldbg.trace import Trace
 
 from scenarios import SCENARIOS, healthy, lr_too_high

@@ -14,8 +14,8 @@ def test_latent_model_is_better_calibrated_than_independent_symptoms():
 def hand_set_mlp():
     # the structural claim is about the hand-set noisy-OR tables; the shipped file may be
     # fitted to benchmark runs, and records the hand-set tables it started from
-    from neuraldbg.priors import load_priors
-    from neuraldbg.priors.tune import hand_set_base
+    from neuraldbg.causal.priors import load_priors
+    from neuraldbg.fit import hand_set_base
 
     return hand_set_base(load_priors(family="mlp"))
 

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from neuraldbg.causal import structure as S
 from neuraldbg.causal.compiled import CompiledNetwork, ImpossibleEvidence
 from neuraldbg.causal.cpd import Cpd, build_cpds
-from neuraldbg.priors import FAMILIES, load_priors
+from neuraldbg.causal.priors import load_priors
+from neuraldbg.vocab import FAMILIES
 
 
 @functools.lru_cache(maxsize=None)
@@ -18,7 +19,7 @@ def net_for(family="mlp", temperature=1.0, hand_set=False):
     fitted) file started from, which is what the structural tests are about."""
     pri = load_priors(family)
     if hand_set:
-        from neuraldbg.priors.tune import hand_set_base
+        from neuraldbg.fit import hand_set_base
 
         pri = hand_set_base(pri)
     return CompiledNetwork(build_cpds(pri.roots, pri.cpds), temperature=temperature)

@@ -6,7 +6,7 @@ import pytest
 
 from neuraldbg.causal import structure as S
 from neuraldbg.causal.cpd import Cpd, build_cpds, default_cpds, noisy_max_values, strict_check, table_values
-from neuraldbg.priors import load_priors
+from neuraldbg.causal.priors import load_priors
 
 
 def test_binary_noisy_max_is_leaky_noisy_or():

@@ -10,7 +10,8 @@ from neuraldbg.causal import structure as S
 from neuraldbg.causal.compiled import CompiledNetwork
 from neuraldbg.causal.cpd import build_cpds
 from neuraldbg.causal.network import build_model, cpds_from_model, reference_posterior, to_tabular
-from neuraldbg.priors import FAMILIES, load_priors, validate
+from neuraldbg.causal.priors import load_priors, validate
+from neuraldbg.vocab import FAMILIES
 
 
 @functools.lru_cache(maxsize=None)

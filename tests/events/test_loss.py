@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from neuraldbg.config import DetectorConfig
-from neuraldbg.events.loss import LossInstabilityDetector, is_spike, relative_improvement, robust_z
+from neuraldbg.events.loss import LossInstabilityDetector, is_spike, relative_median_drop, robust_z
 from neuraldbg.events.registry import DetectorContext
 from neuraldbg.events.stepstats import StepStats
 
@@ -23,9 +23,9 @@ def test_is_spike_needs_outlier_and_ratio():
     assert is_spike(50.0, [-1.0 + 0.01 * i for i in range(20)], 6, 2)[0]  # negative objectives
 
 
-def test_relative_improvement():
-    assert math.isclose(relative_improvement([2.0] * 10 + [1.0] * 10), 0.5)
-    assert relative_improvement([1.0] * 20) == 0.0
+def test_relative_median_drop():
+    assert math.isclose(relative_median_drop([2.0] * 10 + [1.0] * 10), 0.5)
+    assert relative_median_drop([1.0] * 20) == 0.0
 
 
 def run(losses, family="mlp", **cfg):

@@ -11,7 +11,7 @@ from neuraldbg import NeuralDbg
 from neuraldbg.config import DetectorConfig
 
 OVERFLOW_PATIENCE = DetectorConfig().scaler_overflow_patience
-from neuraldbg.monitor import monitor as M
+from neuraldbg.monitor import transfer as T
 
 
 def mlp(seed=0):
@@ -29,8 +29,8 @@ def batch(gen, n=16):
 def seen(monkeypatch):
     """Every StepStats the detectors receive, in order."""
     out = []
-    orig = M._to_stepstats
-    monkeypatch.setattr(M, "_to_stepstats", lambda *a: out.append(orig(*a)) or out[-1])
+    orig = T._to_stepstats
+    monkeypatch.setattr(T, "_to_stepstats", lambda *a: out.append(orig(*a)) or out[-1])
     return out
 
 

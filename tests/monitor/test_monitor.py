@@ -7,7 +7,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from neuraldbg import NeuralDbg
-from neuraldbg.monitor import monitor as M
+from neuraldbg.monitor import stats as S
+from neuraldbg.monitor import transfer as T
 
 
 def mlp(seed=0):
@@ -126,7 +127,7 @@ def test_internal_failure_is_logged_once_and_never_raises(monkeypatch, caplog):
     def boom(*a, **k):
         raise RuntimeError("stat exploded")
 
-    monkeypatch.setattr(M.S, "output_stats", boom)
+    monkeypatch.setattr(S, "output_stats", boom)
     m = mlp()
     with caplog.at_level(logging.WARNING, logger="neuraldbg"):
         losses, dbg = train(m, steps=5, dbg_kwargs={})
@@ -187,14 +188,14 @@ def test_step_advances_and_user_steps():
 
 def test_every_n_checks_only_every_nth_step(monkeypatch):
     seen = []
-    orig = M._to_stepstats
+    orig = T._to_stepstats
 
     def spy(step, layout, host, loss, has_bwd):
         st = orig(step, layout, host, loss, has_bwd)
         seen.append((step, bool(st.layers)))
         return st
 
-    monkeypatch.setattr(M, "_to_stepstats", spy)
+    monkeypatch.setattr(T, "_to_stepstats", spy)
     train(mlp(), steps=25, dbg_kwargs={"every": 10})
     assert [s for s, has in seen if has] == [0, 10, 20]
     assert len(seen) == 25  # the loss of every step is still recorded
@@ -202,8 +203,8 @@ def test_every_n_checks_only_every_nth_step(monkeypatch):
 
 def test_eval_steps_record_no_gradient_statistics(monkeypatch):
     seen = []
-    orig = M._to_stepstats
-    monkeypatch.setattr(M, "_to_stepstats", lambda *a: seen.append(orig(*a)) or seen[-1])
+    orig = T._to_stepstats
+    monkeypatch.setattr(T, "_to_stepstats", lambda *a: seen.append(orig(*a)) or seen[-1])
     m = mlp()
     with NeuralDbg(m) as dbg:
         dbg.step = 0
@@ -238,8 +239,8 @@ def test_shared_module_frozen_params_and_inplace():
 
 def test_dataparallel_on_cpu_reports_every_layer(monkeypatch):
     seen = []
-    orig = M._to_stepstats
-    monkeypatch.setattr(M, "_to_stepstats", lambda *a: seen.append(orig(*a)) or seen[-1])
+    orig = T._to_stepstats
+    monkeypatch.setattr(T, "_to_stepstats", lambda *a: seen.append(orig(*a)) or seen[-1])
     m = mlp()
     dp = nn.DataParallel(m)
     train(dp, steps=3, dbg_kwargs={})

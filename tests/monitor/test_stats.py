@@ -3,6 +3,7 @@ import math
 import torch
 from torch import nn
 
+from neuraldbg.events.stepstats import mean_std, rms
 from neuraldbg.monitor import stats as S
 
 
@@ -10,8 +11,8 @@ def test_sums_and_host_helpers():
     y = torch.tensor([[1.0, -1.0], [3.0, 1.0]])
     s, ss = S.sums(y).tolist()
     assert (s, ss) == (4.0, 12.0)
-    assert S.rms(ss, 4) == math.sqrt(3.0)
-    m, sd = S.mean_std(s, ss, 4)
+    assert rms(ss, 4) == math.sqrt(3.0)
+    m, sd = mean_std(s, ss, 4)
     assert m == 1.0 and math.isclose(sd, math.sqrt(2.0))
 
 

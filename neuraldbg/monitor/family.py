@@ -20,6 +20,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from neuraldbg.vocab import FAMILIES
+
 log = logging.getLogger("neuraldbg")
 
 _DIFFUSION = ("unet", "diffusion", "timestep", "noisepredictor", "denoiser", "ddpm")
@@ -36,7 +38,8 @@ def _names(model: Any) -> tuple[list[str], list[str], list[str]]:
 
 
 def detect_family(model: Any) -> str:
-    """The family of ``model`` (one of ``FAMILIES``), from ``torch.nn`` types and class names."""
+    """The family of ``model`` (one of :data:`neuraldbg.vocab.FAMILIES`), from ``torch.nn`` types
+    and class names."""
     from torch import nn  # the caller already has torch loaded; keep this module import-light
 
     if not isinstance(model, nn.Module):
@@ -52,6 +55,7 @@ def detect_family(model: Any) -> str:
         return any(k in c for c in classes for k in keys)
 
     def reason(fam: str, why: str) -> str:
+        assert fam in FAMILIES, fam  # every rule must name a family that has shipped priors
         log.debug("family %r detected for %s: %s", fam, type(model).__name__, why)
         return fam
 

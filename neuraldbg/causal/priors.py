@@ -1,4 +1,4 @@
-"""Load and validate prior files (``neuraldbg/priors/<family>.json`` or a tuned file).
+"""Family priors: load and validate prior files (``neuraldbg/priors/<family>.json`` or a tuned file).
 
 Schema (version 1)::
 
@@ -31,16 +31,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
-from neuraldbg.causal.structure import NODE_BY_NAME, ROOTS, states_of
+from neuraldbg.causal.structure import NODE_BY_NAME, states_of
+from neuraldbg.vocab import DEFAULT_FAMILY, FAMILIES, ROOTS
 
 log = logging.getLogger("neuraldbg")
 
 #: Prior-file schema this version reads and writes.
 SCHEMA_VERSION = 1
-#: Architecture families (API.md), each with a shipped prior file.
-FAMILIES: tuple[str, ...] = ("mlp", "cnn", "transformer", "gan", "lora", "diffusion", "rnn", "gnn", "rl")
-#: Family used when neither a family nor a path is given.
-DEFAULT_FAMILY = "mlp"
 #: Tolerance on sums in a file; the values are then renormalized exactly.
 FILE_SUM_TOL = 1e-6
 

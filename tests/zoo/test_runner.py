@@ -1,11 +1,12 @@
-"""The registry, the runner's contract (API.md) and its monitor plumbing, with a fake monitor."""
+"""The registry, the runner's contract (docs/api.md) and its monitor plumbing, with a fake monitor."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import models
-from models.injections import ROOT_CAUSES, Injection, register_injection
+from models.injections import Injection, register_injection
+from neuraldbg.vocab import ROOTS
 from zoo_testing import cached_run
 
 EXPECTED = {"mlp", "cnn", "transformer", "dcgan", "lora", "diffusion", "lstm", "gnn", "gat",
@@ -18,7 +19,7 @@ GENERAL = {"healthy", "lr_too_high", "lr_too_low", "init_too_small", "init_too_l
 def test_architectures_and_families():
     assert set(models.architectures()) == EXPECTED
     covered = {models.family(a) for a in models.architectures()}
-    assert covered == set(models.FAMILIES)  # every API.md family has an architecture
+    assert covered == set(models.FAMILIES)  # every family has an architecture
     for a in models.architectures():
         assert models.family(a) == FAMILY.get(a, a)
 
@@ -32,14 +33,14 @@ def test_injections_are_bound_and_well_formed(arch):
     steps = models.get_arch(arch).config().steps
     for i in injs[1:]:
         var, state = i.truth
-        assert state in ROOT_CAUSES[var] and state != "ok"
+        assert state in ROOTS[var] and state != "ok"
         assert i.arch == arch and isinstance(i.onset, int) and 0 <= i.onset < steps
         assert i.layer is None or isinstance(i.layer, str)
         assert i.description and i.why
         if i.name.startswith("data_"):  # data faults enter at a named layer, mid-run
             assert i.layer and i.onset > 0
     # a fault per root-cause variable (LoRA's frozen base leaves no architecture fault)
-    expected = set(ROOT_CAUSES) - ({"architecture"} if arch == "lora" else set())
+    expected = set(ROOTS) - ({"architecture"} if arch == "lora" else set())
     assert {i.truth[0] for i in injs[1:]} == expected
 
 

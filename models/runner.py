@@ -1,7 +1,6 @@
-"""The zoo's registry and its one runner.
+"""The zoo's one runner: any registered architecture, with or without the monitor.
 
-Every architecture file registers an :class:`ArchSpec` (its config dataclass, its
-:class:`Trainer`, its family) at import time; :func:`run` drives any of them the same way:
+:func:`run` drives every architecture the same way:
 
     bind the injection -> build the trainer -> (attach NeuralDbg) -> loop:
         dbg.step = step
@@ -19,120 +18,17 @@ import contextlib
 import logging
 import math
 import time
-from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator
 
 import torch
-from torch import nn
 
-if TYPE_CHECKING:  # pragma: no cover
-    from models.injections import Injection
+from models.injections import Injection, get_injection
+from models.registry import Trainer, get_arch
+
+__all__ = ["RunResult", "run"]
 
 logger = logging.getLogger("neuraldbg.models")
-
-#: The architecture families of API.md; every registered arch maps onto one of them.
-FAMILIES = ("mlp", "cnn", "transformer", "gan", "lora", "diffusion", "rnn", "gnn", "rl")
-
-
-# ----------------------------------------------------------------------------------------
-# the trainer protocol
-
-
-class Trainer:
-    """One architecture's training loop, cut where the monitor records the loss.
-
-    Subclasses build ``model`` (the ``nn.Module`` NeuralDbg watches), ``optimizer`` (the one
-    handed to NeuralDbg) and the data in ``__init__``; the runner then calls ``start()`` once
-    and, per step, ``forward_backward(step)`` and ``optimizer_step(step)``. ``self.step`` is
-    kept current by the runner so hooks (e.g. an injection's forward hook) can read it.
-    """
-
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-
-    def __init__(self, cfg: Any, seed: int, inj: "Injection") -> None:
-        self.cfg, self.seed, self.inj = cfg, seed, inj
-        self.step = 0
-
-    def start(self) -> None:
-        """Called once after the monitor (if any) is attached: compile or wrap here."""
-
-    def forward_backward(self, step: int) -> torch.Tensor:
-        """Zero grads, run one forward and backward pass, return the (0-d) loss."""
-        raise NotImplementedError
-
-    def optimizer_step(self, step: int) -> None:
-        """Apply the update(s) for this step."""
-        self.inj.apply_optimizer(self.optimizer, step)
-        self.optimizer.step()
-
-    def signals(self, step: int) -> dict[str, Any]:
-        """Extra per-step measurements (floats or 0-d tensors); measured steps only."""
-        return {}
-
-    def summary(self) -> dict[str, float]:
-        """End-of-run measurements (e.g. held-out accuracy)."""
-        return {}
-
-
-# ----------------------------------------------------------------------------------------
-# the registry
-
-
-@dataclass(frozen=True)
-class ArchSpec:
-    """What an architecture file registers: how to build and train it, and what it is."""
-
-    name: str
-    family: str
-    config: type  # the config dataclass; its defaults are the healthy run
-    trainer: Callable[[Any, int, "Injection"], Trainer]
-    task: str  # one line: the healthy task
-    input_layer: str | None = None  # first leaf module that sees the data (data faults)
-    unstable_layer: str | None = None  # first leaf module of the unstable variant
-    progress: tuple[str, str] = ("loss", "down")  # the series a healthy run improves
-    symptoms: dict[str, str] = field(default_factory=dict)  # per-arch symptom overrides
-    notes: str = ""
-
-
-_ARCHS: dict[str, ArchSpec] = {}
-
-
-def register_arch(spec: ArchSpec) -> ArchSpec:
-    """Add an architecture to the zoo (names are unique; re-registering replaces)."""
-    if spec.family not in FAMILIES:
-        raise ValueError(f"unknown family {spec.family!r}; valid: {', '.join(FAMILIES)}")
-    _ARCHS[spec.name] = spec
-    return spec
-
-
-def architectures() -> list[str]:
-    """The registered architecture names, in registration order."""
-    return list(_ARCHS)
-
-
-def get_arch(arch: str) -> ArchSpec:
-    """The spec of ``arch``; ``ValueError`` naming the valid ones if unknown."""
-    try:
-        return _ARCHS[arch]
-    except KeyError:
-        raise ValueError(
-            f"unknown architecture {arch!r}; valid: {', '.join(_ARCHS)}"
-        ) from None
-
-
-def family(arch: str) -> str:
-    """The API.md family of ``arch`` (e.g. ``dcgan -> gan``, ``compiled -> mlp``)."""
-    return get_arch(arch).family
-
-
-def default_config(arch: str, **overrides: Any) -> Any:
-    """The healthy config of ``arch``, with ``overrides`` applied."""
-    return replace(get_arch(arch).config(), **overrides)
-
-
-# ----------------------------------------------------------------------------------------
-# results
 
 
 @dataclass
@@ -187,10 +83,6 @@ class RunResult:
         return df
 
 
-# ----------------------------------------------------------------------------------------
-# the runner
-
-
 @contextlib.contextmanager
 def _scoped(seed: int, threads: int | None) -> Iterator[None]:
     """Seed torch inside a forked RNG (restored on exit) and optionally pin threads."""
@@ -240,8 +132,6 @@ def run(
     defaults to the arch's family, ``optimizer`` to its main optimizer). ``threads``
     temporarily sets torch's intra-op threads; ``config`` overrides healthy config fields.
     """
-    from models.injections import get_injection
-
     spec = get_arch(arch)
     inj = get_injection(arch, injection)
     cfg = spec.config()
@@ -306,35 +196,3 @@ def run(
         progress=spec.progress,
         symptom=inj.symptom,
     )
-
-
-# ----------------------------------------------------------------------------------------
-# small helpers the architecture files share
-
-
-def scale_weights(module: nn.Module, gain: float) -> None:
-    """Multiply every weight matrix/kernel (``dim >= 2``) by ``gain``: the init faults."""
-    if gain == 1.0:
-        return
-    with torch.no_grad():
-        for p in module.parameters():
-            if p.dim() >= 2:
-                p.mul_(gain)
-
-
-def config_fields(cfg: Any) -> dict[str, Any]:
-    """A config dataclass as a plain dict (for listings and docs)."""
-    return {f.name: getattr(cfg, f.name) for f in fields(cfg)}
-
-
-def warmup_lr(base_lr: float, step: int, warmup: int) -> float:
-    """Linear warm-up to ``base_lr`` over ``warmup`` steps, then constant."""
-    if warmup <= 0:
-        return base_lr
-    return base_lr * min(1.0, (step + 1) / warmup)
-
-
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """Set every param group's learning rate."""
-    for g in optimizer.param_groups:
-        g["lr"] = lr

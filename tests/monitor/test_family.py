@@ -3,7 +3,8 @@ import pytest
 import torch
 from torch import nn
 
-from neuraldbg.priors import FAMILIES, detect_family
+from neuraldbg.monitor.family import detect_family
+from neuraldbg.vocab import FAMILIES
 
 
 class LoRALinear(nn.Module):
@@ -72,7 +73,7 @@ def test_detect_family_does_not_import_pgmpy():
     import subprocess
     import sys
 
-    code = ("import torch, neuraldbg.priors as p; p.detect_family(torch.nn.Linear(2, 2)); "
+    code = ("import torch, neuraldbg.monitor.family as p; p.detect_family(torch.nn.Linear(2, 2)); "
             "import sys; print(any(m.startswith('pgmpy') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=__file__.rsplit("/tests/", 1)[0])

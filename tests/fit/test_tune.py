@@ -1,7 +1,6 @@
-"""Prior tuning (issue 6): EM recovers known tables, unseen configurations keep the prior,
+"""Prior tuning: EM recovers known tables, unseen configurations keep the prior,
 the written file round-trips and loads in NeuralDbg, bad files fail clearly, the CLI works."""
 import csv
-import importlib
 import json
 import math
 
@@ -14,11 +13,12 @@ from neuraldbg.causal.compiled import CompiledNetwork
 from neuraldbg.causal.cpd import Cpd, build_cpds
 from neuraldbg.causal.structure import EVIDENCE_NAMES, ROOT_NAMES, ROOTS, states_of
 from neuraldbg.events.base import DATA, OPTIMIZER, make_event
-from neuraldbg.priors import PriorError, load_priors, read
+from neuraldbg.causal.priors import PriorError, load_priors, read
 from neuraldbg.session import export_trace
 from neuraldbg.trace import LayerInfo, LossSummary, Trace
 
-T = importlib.import_module("neuraldbg.priors.tune")  # the package attribute `tune` is the function
+import neuraldbg.fit as T
+from neuraldbg.fit.em import FITTED_NODES
 
 #: root priors that put every abnormal state in reach of a few thousand samples
 WIDE = {"learning_rate": {"ok": .5, "too_high": .25, "too_low": .25},
@@ -83,7 +83,7 @@ def test_pgmpy_and_numpy_m_steps_agree():
     a, ia = T.fit_cpds(runs, base, ess=3, max_iter=4, engine="numpy")
     b, ib = T.fit_cpds(runs, base, ess=3, max_iter=4, engine="pgmpy")
     assert ia.iterations == ib.iterations
-    for name in T.FITTED_NODES:
+    for name in FITTED_NODES:
         np.testing.assert_allclose(a[name].values, b[name].values, atol=1e-12, err_msg=name)
 
 
@@ -168,7 +168,7 @@ def test_tuned_file_round_trips_and_loads_in_neuraldbg(tmp_path):
     path = res.write(tmp_path / "mlp_tuned.json")
     pri = read(path)
     assert pri.family == "mlp" and pri.fingerprint == res.priors.fingerprint
-    assert load_priors(path=path).cpds == res.priors.cpds and set(pri.cpds) == set(T.FITTED_NODES)
+    assert load_priors(path=path).cpds == res.priors.cpds and set(pri.cpds) == set(FITTED_NODES)
     assert pri.roots == load_priors("mlp").roots                     # root priors are kept
     prov = pri.provenance
     assert prov["method"] == "fitted" and prov["fitted_on"]["records"] == 8

@@ -7,7 +7,8 @@ import os
 import pytest
 
 from neuraldbg.causal.structure import NODE_BY_NAME, ROOTS
-from neuraldbg.priors import FAMILIES, SCHEMA_VERSION, PriorError, Priors, load_priors, read, validate
+from neuraldbg.causal.priors import SCHEMA_VERSION, PriorError, Priors, load_priors, read, validate
+from neuraldbg.vocab import FAMILIES
 
 
 def good() -> dict:

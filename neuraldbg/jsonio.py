@@ -1,0 +1,76 @@
+"""JSON files written once, the same way everywhere: atomically, strict, umask-respecting.
+
+JSON has no NaN or infinity; :func:`encode_nonfinite` spells them ``"nan"``, ``"inf"`` and
+``"-inf"`` and :func:`decode_nonfinite` reads them back where numbers live.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+_NONFINITE = ("nan", "inf", "-inf")
+
+
+def encode_nonfinite(x: Any) -> Any:
+    """``x`` with every non-finite float replaced by its string spelling, recursively."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if isinstance(x, dict):
+        return {k: encode_nonfinite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [encode_nonfinite(v) for v in x]
+    return x
+
+
+def decode_float(x: Any) -> Any:
+    """One value: ``"nan"``/``"inf"``/``"-inf"`` back to floats, anything else unchanged."""
+    if isinstance(x, str) and x in _NONFINITE:
+        return float(x)
+    return x
+
+
+def decode_nonfinite(x: Any) -> Any:
+    """Inverse of :func:`encode_nonfinite`, recursively (only where every string is a number)."""
+    if isinstance(x, dict):
+        return {k: decode_nonfinite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [decode_nonfinite(v) for v in x]
+    return decode_float(x)
+
+
+def _umask() -> int:
+    # os.umask can only be read by setting it; put it straight back
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any, *, indent: int | None = 1,
+                      sort_keys: bool = False) -> str:
+    """Write ``obj`` as strict JSON to ``path`` atomically; return the path as a string.
+
+    The text goes to a temporary file in the same folder, which then replaces ``path``, so a
+    crash at any moment leaves either the old file or the new one, never half of one. The
+    file gets the mode ``open()`` would give it (0666 less the umask), not ``mkstemp``'s 0600.
+    Parent folders are created. Non-finite floats raise ``ValueError``: encode them first.
+    """
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=indent, sort_keys=sort_keys, allow_nan=False)
+            f.write("\n")
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return str(p)

@@ -1,0 +1,80 @@
+"""The project's vocabulary, defined once: root causes, labels, families and event kinds.
+
+Pure Python (no torch, numpy or pgmpy), so the zoo, the benchmark, the causal network and
+the prior files all read the same names from here. ``docs/api.md`` is the contract these
+names implement; a developer may add states or variables, never rename these.
+"""
+from __future__ import annotations
+
+#: Root-cause variables and their states. The first state of each is always ``ok``.
+ROOTS: dict[str, tuple[str, ...]] = {
+    "learning_rate": ("ok", "too_high", "too_low"),
+    "initialization": ("ok", "too_small", "too_large"),
+    "data": ("ok", "corrupted", "shifted"),
+    "architecture": ("ok", "unstable"),
+}
+#: The root variables in sorted order (how the network and its tables index them).
+ROOT_NAMES: tuple[str, ...] = tuple(sorted(ROOTS))
+
+#: The label of a run with every root cause ``ok``.
+HEALTHY = "healthy"
+#: One label per abnormal root state, written ``variable/state``, in declaration order.
+ABNORMAL_LABELS: tuple[str, ...] = tuple(f"{v}/{s}" for v, ss in ROOTS.items() for s in ss[1:])
+#: The benchmark's label space, in tie-breaking order (``healthy`` first).
+LABELS: tuple[str, ...] = (HEALTHY,) + ABNORMAL_LABELS
+
+#: Architecture families, each with a prior file shipped in ``neuraldbg/priors/``.
+FAMILIES: tuple[str, ...] = ("mlp", "cnn", "transformer", "gan", "lora", "diffusion", "rnn", "gnn", "rl")
+#: Family used when neither a family nor a prior path is given.
+DEFAULT_FAMILY = "mlp"
+
+#: Event types.
+GRADIENT = "gradient_health_transition"
+ACTIVATION = "activation_regime_shift"
+OPTIMIZER = "optimizer_instability"
+DATA = "data_anomaly"
+
+#: Event type -> the kinds it may carry.
+EVENT_KINDS: dict[str, tuple[str, ...]] = {
+    GRADIENT: ("vanishing", "exploding"),
+    ACTIVATION: ("dead", "saturated"),
+    OPTIMIZER: ("spike", "plateau", "divergence"),
+    DATA: ("nan", "inf", "shift"),
+}
+EVENT_TYPES: tuple[str, ...] = tuple(EVENT_KINDS)
+#: Every event kind once, in declaration order (the benchmark's ``events_<kind>`` columns).
+ALL_EVENT_KINDS: tuple[str, ...] = tuple(k for kinds in EVENT_KINDS.values() for k in kinds)
+
+#: The failure types users ask about (``explain_failure``), and the (type, kind) pairs that
+#: count as evidence of each.
+FAILURE_TYPES: dict[str, tuple[tuple[str, str], ...]] = {
+    "vanishing_gradients": ((GRADIENT, "vanishing"),),
+    "exploding_gradients": ((GRADIENT, "exploding"),),
+    "dead_neurons": ((ACTIVATION, "dead"),),
+    "saturated_activations": ((ACTIVATION, "saturated"),),
+    "optimizer_instability": ((OPTIMIZER, "spike"), (OPTIMIZER, "plateau"), (OPTIMIZER, "divergence")),
+    "data_anomaly": ((DATA, "nan"), (DATA, "inf"), (DATA, "shift")),
+}
+
+
+def validate_failure_type(failure_type: str) -> str:
+    """Return ``failure_type`` if known, else raise ``ValueError`` naming the valid ones."""
+    if failure_type not in FAILURE_TYPES:
+        raise ValueError(f"unknown failure_type {failure_type!r}; valid: {', '.join(FAILURE_TYPES)}")
+    return failure_type
+
+
+def validate_family(family: str) -> str:
+    """Return ``family`` if known, else raise ``ValueError`` naming the valid ones."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; valid: {', '.join(FAMILIES)}")
+    return family
+
+
+def validate_truth(truth: tuple[str, str]) -> tuple[str, str]:
+    """Return a ``(variable, abnormal state)`` pair if it names a fault, else ``ValueError``."""
+    var, state = truth
+    if var not in ROOTS or state not in ROOTS[var][1:]:
+        valid = ", ".join(f"{v}={s}" for v, ss in ROOTS.items() for s in ss[1:])
+        raise ValueError(f"{var}={state} is not a root-cause fault; valid: {valid}")
+    return truth
