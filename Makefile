@@ -11,7 +11,7 @@ TORCH_PIN := torch==2.13.0
 $(VENV)/.installed: pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q $(TORCH_PIN)
-	$(VPY) -m pip install -q -e '.[test,plot]'
+	$(VPY) -m pip install -q -e '.[test,plot,ecosystem]' $(TORCH_PIN)
 	touch $@
 
 venv: $(VENV)/.installed

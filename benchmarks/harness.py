@@ -323,7 +323,9 @@ def _plan_from_args(args: argparse.Namespace) -> list[RunSpec]:
     were given, else every (architecture, injection) with the seed counts."""
     name = getattr(args, "suite", DEFAULT_SUITE)
     suite = get_suite(name)
-    bare = args.bare_seeds if args.bare_seeds is not None else (QUICK_BARE_SEEDS if args.quick else DEFAULT_BARE_SEEDS)
+    # a suite may time fewer twins than the zoo (``BARE_SEEDS = (full, quick)``): its budget
+    default_bare = getattr(suite, "BARE_SEEDS", (DEFAULT_BARE_SEEDS, QUICK_BARE_SEEDS))
+    bare = args.bare_seeds if args.bare_seeds is not None else default_bare[1 if args.quick else 0]
     bare_seeds = None if bare < 0 else bare
     if callable(getattr(suite, "suite_runs", None)) and args.seeds is None and args.healthy_seeds is None:
         return suite_plan(suite, args.quick, archs=args.arch, injections=args.injection, steps=args.steps,

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
 import torch
+from torch import nn
 
 from models.injections import Injection, get_injection
-from models.registry import Trainer, get_arch
+from models.registry import get_arch
 
 __all__ = ["RunResult", "run"]
 
@@ -84,8 +85,10 @@ class RunResult:
 
 
 @contextlib.contextmanager
-def _scoped(seed: int, threads: int | None) -> Iterator[None]:
-    """Seed torch inside a forked RNG (restored on exit) and optionally pin threads."""
+def scoped(seed: int, threads: int | None) -> Iterator[None]:
+    """Seed torch inside a forked RNG (restored on exit) and optionally pin threads.
+
+    Every suite's runner trains inside it, so a run never changes global state for good."""
     old_threads = torch.get_num_threads()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -98,16 +101,19 @@ def _scoped(seed: int, threads: int | None) -> Iterator[None]:
                 torch.set_num_threads(old_threads)
 
 
-def _make_monitor(monitor: Any, trainer: Trainer, fam: str):
-    """``None`` for no monitor, else a ``NeuralDbg`` on ``trainer.model`` (lazy import)."""
+def make_monitor(monitor: Any, model: nn.Module, optimizer: Any, fam: str):
+    """``None`` for no monitor, else a ``NeuralDbg`` on ``model`` (lazy import).
+
+    ``monitor`` is ``None``/``False``, ``True`` or a dict of ``NeuralDbg`` keyword arguments;
+    ``family`` defaults to ``fam`` and ``optimizer`` to the run's main optimizer."""
     if monitor is None or monitor is False:
         return None
     from neuraldbg import NeuralDbg  # lazy: the zoo runs without the monitor
 
     kwargs = {} if monitor is True else dict(monitor)
     kwargs.setdefault("family", fam)
-    kwargs.setdefault("optimizer", trainer.optimizer)
-    return NeuralDbg(trainer.model, **kwargs)
+    kwargs.setdefault("optimizer", optimizer)
+    return NeuralDbg(model, **kwargs)
 
 
 def _as_float(v: Any) -> float:
@@ -147,11 +153,11 @@ def run(
     losses: list[torch.Tensor] = []
     raw_signals: dict[str, list[tuple[int, Any]]] = {}
     dbg = None
-    with _scoped(seed, threads):
+    with scoped(seed, threads):
         t_setup = time.perf_counter()
         trainer = spec.trainer(cfg, seed, inj)
         setup_time = time.perf_counter() - t_setup
-        dbg = _make_monitor(monitor, trainer, spec.family)
+        dbg = make_monitor(monitor, trainer.model, trainer.optimizer, spec.family)
         with dbg if dbg is not None else contextlib.nullcontext():
             t0 = time.perf_counter()
             first_step_time = 0.0

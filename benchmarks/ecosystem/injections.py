@@ -1,0 +1,177 @@
+"""The ecosystem suite's faults, written against the libraries' public APIs only.
+
+A :class:`Fault` says what goes wrong and where it applies; :func:`bind` turns it into the
+public :class:`Injection` record of one arch (``name``, ``truth``, ``onset``, ``layer``),
+mirroring ``models.Injection``. Config faults (learning rate, init, depth) act from step 0;
+data faults from ``ONSET_FRAC`` of the run, so the monitor first sees healthy training.
+
+``layer``: the first module the faulty data reaches (input faults), the first weight layer
+(init faults), the first block of the deep stack; ``None`` for learning rates and for
+target faults (``nan_target``, ``labels_shuffled``), which enter at the loss, not a module.
+
+Where each applies (see ``applies``):
+
+- ``lr_*``, ``weights_*``, ``nan_input``, ``inf_input``, ``inputs_rescaled``: every arch.
+  Token models take the input faults after their embedding (``inputs_embeds``: the
+  non-finite values), or as a vocabulary remap (the shift; an LM's labels are remapped too,
+  since they are the same token stream).
+- ``nan_target``: archs with a float regression target (diffusion's noise, the LSTM).
+- ``labels_shuffled``: archs with labels (classes, node blocks, next tokens: an LM's label
+  rows are permuted across the batch).
+- ``deep_unnormalized``: archs that have a deep variant (not the LoRA fine-tunes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from benchmarks.ecosystem.training import Batch, EcoArch, Task
+
+#: Fraction of the run after which the mid-run data faults act (as the zoo's ONSET_FRAC).
+ONSET_FRAC = 0.4
+#: Share of float input entries a non-finite batch carries.
+CORRUPT_FRAC = 0.25
+#: Factor of the rescaled inputs.
+RESCALE = 1000.0
+
+
+@dataclass(frozen=True)
+class Injection:
+    """One arch's fault: its ground truth and where and when it takes effect."""
+
+    name: str
+    truth: tuple[str, str] | None
+    onset: int | None
+    layer: str | None
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """An unbound fault: how it changes the run, and which archs it applies to."""
+
+    name: str
+    truth: tuple[str, str] | None
+    description: str
+    applies: Callable[[EcoArch], bool] = lambda a: True
+    layer_of: Callable[[EcoArch], str | None] = lambda a: None
+    onset_frac: float | None = 0.0  # None: healthy, 0: config fault, else a data fault
+    lr_factor: float = 1.0
+    gain: float = 1.0
+    deep: bool = False
+    batch: Callable[[Batch, Task, torch.Generator], Batch] | None = None
+    one_shot: bool = False  # the batch fault hits one batch only
+
+    def onset(self, steps: int) -> int | None:
+        """The optimizer step the fault takes effect in a run of ``steps``."""
+        if self.onset_frac is None:
+            return None
+        return min(steps - 1, int(round(self.onset_frac * steps)))
+
+
+# ----------------------------------------------------------------------------------------
+# batch faults: each returns a new dict and never writes into the generator's tensors
+
+
+def _mask(shape, gen: torch.Generator, frac: float = CORRUPT_FRAC) -> torch.Tensor:
+    return torch.rand(shape, generator=gen) < frac
+
+
+def _nonfinite(value: float):
+    def corrupt(bt: Batch, task: Task, gen: torch.Generator) -> Batch:
+        bt = dict(bt)
+        if task.float_input:
+            x = bt[task.float_input]
+            bt[task.float_input] = x.masked_fill(_mask(x.shape, gen), value)
+        else:
+            # token ids cannot hold NaN: embed them as the model would, then corrupt
+            emb = task.embed(bt.pop(task.token_key))
+            bt["inputs_embeds"] = emb.masked_fill(_mask(emb.shape, gen), value)
+        return bt
+
+    return corrupt
+
+
+def _nan_target(bt: Batch, task: Task, gen: torch.Generator) -> Batch:
+    bt = dict(bt)
+    y = bt[task.float_target].clone()
+    flat = y.view(-1)
+    flat[torch.randint(0, flat.numel(), (1,), generator=gen)] = float("nan")
+    bt[task.float_target] = y
+    return bt
+
+
+def _shuffle_labels(bt: Batch, task: Task, gen: torch.Generator) -> Batch:
+    bt = dict(bt)
+    y = bt[task.label_key]
+    bt[task.label_key] = y[torch.randperm(y.shape[0], generator=gen)]
+    return bt
+
+
+def _rescale(bt: Batch, task: Task, gen: torch.Generator) -> Batch:
+    bt = dict(bt)
+    if task.float_input:
+        bt[task.float_input] = bt[task.float_input] * RESCALE
+        return bt
+    # a fixed remap of the vocabulary (token 0, the [CLS]/BOS, kept): a new "domain"
+    perm = torch.cat([torch.zeros(1, dtype=torch.long),
+                      1 + torch.randperm(task.vocab - 1, generator=torch.Generator().manual_seed(99))])
+    bt[task.token_key] = perm[bt[task.token_key]]
+    if task.token_labels:
+        bt[task.label_key] = perm[bt[task.label_key]]
+    return bt
+
+
+def _input(a: EcoArch) -> str | None:
+    return a.input_layer
+
+
+def _init(a: EcoArch) -> str | None:
+    return a.init_layer
+
+
+FAULTS: dict[str, Fault] = {f.name: f for f in [
+    Fault("healthy", None, "no fault: the recipe as is", onset_frac=None),
+    Fault("lr_x100", ("learning_rate", "too_high"), "base learning rate x100, schedule kept",
+          lr_factor=100.0),
+    Fault("lr_div1e4", ("learning_rate", "too_low"), "base learning rate / 10^4, schedule kept",
+          lr_factor=1e-4),
+    Fault("weights_x100", ("initialization", "too_large"),
+          "every weight matrix (dim >= 2, embeddings too) x100 after construction",
+          layer_of=_init, gain=100.0),
+    Fault("weights_x1e-3", ("initialization", "too_small"),
+          "every weight matrix (dim >= 2, embeddings too) x1e-3 after construction",
+          layer_of=_init, gain=1e-3),
+    Fault("nan_input", ("data", "corrupted"),
+          "one batch with NaN in a quarter of the float inputs (after the embedding for tokens)",
+          layer_of=_input, onset_frac=ONSET_FRAC, batch=_nonfinite(float("nan")), one_shot=True),
+    Fault("inf_input", ("data", "corrupted"),
+          "one batch with +inf in a quarter of the float inputs (after the embedding for tokens)",
+          layer_of=_input, onset_frac=ONSET_FRAC, batch=_nonfinite(float("inf")), one_shot=True),
+    Fault("nan_target", ("data", "corrupted"), "one batch with a NaN in its regression target",
+          applies=lambda a: a.target == "float", onset_frac=ONSET_FRAC, batch=_nan_target,
+          one_shot=True),
+    Fault("labels_shuffled", ("data", "corrupted"),
+          "labels permuted within every batch from the onset on",
+          applies=lambda a: a.target in ("labels", "tokens"),
+          onset_frac=ONSET_FRAC, batch=_shuffle_labels),
+    Fault("inputs_rescaled", ("data", "shifted"),
+          "from the onset on, float inputs x1000 (token models: a fixed vocabulary remap)",
+          layer_of=_input, onset_frac=ONSET_FRAC, batch=_rescale),
+    Fault("deep_unnormalized", ("architecture", "unstable"),
+          "a 16-block variant with every normalization layer replaced by nn.Identity",
+          applies=lambda a: a.deep_layer is not None, layer_of=lambda a: a.deep_layer, deep=True),
+]}
+
+
+def faults_of(arch: EcoArch) -> list[Fault]:
+    """The faults that apply to ``arch`` (``healthy`` first)."""
+    return [f for f in FAULTS.values() if f.applies(arch)]
+
+
+def bind(fault: Fault, arch: EcoArch, steps: int) -> Injection:
+    """The public record of ``fault`` on ``arch`` for a run of ``steps``."""
+    return Injection(fault.name, fault.truth, fault.onset(steps), fault.layer_of(arch),
+                     fault.description)

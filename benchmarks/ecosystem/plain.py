@@ -1,0 +1,96 @@
+"""Plain PyTorch, written the way its users write it: ``nn.TransformerEncoder`` and ``nn.LSTM``.
+
+The encoder classifier is the tutorial shape: token + learned position embeddings, a stack
+of ``nn.TransformerEncoderLayer`` (post-norm, dropout 0.1, batch_first), mean pooling and a
+linear head. Its forward also takes ``inputs_embeds``, like the HF models, so input faults
+can enter after the embedding. The LSTM forecasts the next value of a noisy two-tone sine.
+Deep variants: 16 encoder layers with both LayerNorms removed; a 12-layer stacked LSTM.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from benchmarks.ecosystem import data
+from benchmarks.ecosystem.training import Build, EcoArch, Task, strip_norms
+
+VOCAB, SEQ, D_MODEL = 64, 24, 32
+
+
+class EncoderClassifier(nn.Module):
+    """Embeddings -> ``nn.TransformerEncoder`` -> mean pool -> linear head."""
+
+    def __init__(self, layers: int, n_classes: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, D_MODEL)
+        self.pos = nn.Embedding(SEQ, D_MODEL)
+        layer = nn.TransformerEncoderLayer(D_MODEL, nhead=4, dim_feedforward=2 * D_MODEL,
+                                           dropout=0.1, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=layers, enable_nested_tensor=False)
+        self.head = nn.Linear(D_MODEL, n_classes)
+
+    def forward(self, input_ids=None, inputs_embeds=None):
+        h = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        h = h + self.pos(torch.arange(h.shape[1], device=h.device))
+        return self.head(self.encoder(h).mean(dim=1))
+
+
+class Forecaster(nn.Module):
+    """``nn.LSTM`` over the sequence, a linear read-out per time step."""
+
+    def __init__(self, layers: int, hidden: int = 32) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(1, hidden, num_layers=layers, batch_first=True, dropout=0.1)
+        self.head = nn.Linear(hidden, 1)
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        return self.head(out)
+
+
+def build_encoder(b: Build) -> Task:
+    """4-layer ``nn.TransformerEncoder`` keyword classifier."""
+    model = EncoderClassifier(16 if b.deep else 4)
+    if b.deep:
+        strip_norms(model)
+    src = data.KeywordTokens(b.seed, vocab=VOCAB, seq_len=SEQ)
+
+    def batch(n):
+        ids, y = src.batch(n)
+        return {"input_ids": ids, "labels": y}
+
+    def loss(bt):
+        x = {k: v for k, v in bt.items() if k != "labels"}
+        return F.cross_entropy(model(**x).float(), bt["labels"])
+
+    return Task(model=model, batch=batch, loss=loss, lr=1e-3, batch_size=32,
+                label_key="labels", token_key="input_ids", vocab=VOCAB, embed=model.embed)
+
+
+def build_lstm(b: Build) -> Task:
+    """2-layer ``nn.LSTM`` next-value forecaster (MSE)."""
+    model = Forecaster(12 if b.deep else 2)
+    src = data.SineSequences(b.seed, seq_len=32)
+
+    def batch(n):
+        x, y = src.batch(n)
+        return {"x": x, "y": y}
+
+    def loss(bt):
+        return F.mse_loss(model(bt["x"]).float(), bt["y"])
+
+    return Task(model=model, batch=batch, loss=loss, lr=3e-3, batch_size=32,
+                float_input="x", float_target="y")
+
+
+ARCHS = [
+    EcoArch("torch_encoder", "transformer", "torch", build_encoder,
+            "nn.TransformerEncoder (4 post-norm layers, d=32), 4-class keyword sequences",
+            inputs="tokens", target="labels", input_layer="embed", init_layer="embed",
+            deep_layer="encoder.layers.0.self_attn"),
+    EcoArch("torch_lstm", "rnn", "torch", build_lstm,
+            "nn.LSTM (2 layers, hidden 32), next-value forecasting of noisy two-tone sines",
+            inputs="float", target="float", input_layer="lstm", init_layer="lstm",
+            deep_layer="lstm"),
+]

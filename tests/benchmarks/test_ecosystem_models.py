@@ -1,0 +1,78 @@
+"""The ecosystem suite: library models train under NeuralDbg and their faults do what they say."""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may reach the hub
+
+eco = pytest.importorskip("benchmarks.ecosystem")
+
+STEPS = 40
+
+
+def _mean(xs):
+    return sum(xs) / len(xs)
+
+
+def test_interface_mirrors_the_zoo():
+    import models
+
+    assert set(eco.family(a) for a in eco.architectures()) <= set(models.FAMILIES)
+    assert eco.family("pyg_gcn") == "gnn" and eco.family("lora_bert") == "lora"
+    for arch in eco.architectures():
+        injs = eco.injections(arch)
+        assert injs[0].name == "healthy" and injs[0].truth is None and injs[0].onset is None
+        for inj in injs[1:]:
+            assert inj.truth is not None and inj.onset is not None
+    with pytest.raises(ValueError, match="valid: hf_gpt2"):
+        eco.run("no_such_arch")
+    with pytest.raises(ValueError, match="valid: healthy"):
+        eco.run("torch_lstm", "labels_shuffled")  # a regression task has no labels
+    runs = eco.suite_runs(quick=False)
+    assert sum(1 for _, n, _ in runs if n == "healthy") >= 100
+    assert len(eco.suite_runs(quick=True)) < len(runs) / 2
+
+
+@pytest.mark.parametrize("arch,library", [("torch_lstm", "torch"), ("pyg_gcn", "torch_geometric"),
+                                          ("hf_llama", "transformers")])
+def test_healthy_learns_under_the_monitor(arch, library):
+    pytest.importorskip(library)
+    r = eco.run(arch, "healthy", seed=0, steps=STEPS, monitor=True, threads=1)
+    assert r.dbg is not None and r.truth is None and r.family == eco.family(arch)
+    assert len(r.losses) == STEPS and all(math.isfinite(v) for v in r.losses)
+    assert _mean(r.losses[-5:]) < 0.8 * _mean(r.losses[:5])
+    # the layer names the suite reports are the monitor's
+    names = {layer.name for layer in r.dbg.layers()}
+    spec = eco.get_arch(arch)
+    assert spec.input_layer in names and spec.init_layer in names
+
+
+@pytest.mark.parametrize("arch,injection,truth,library", [
+    ("torch_lstm", "nan_input", ("data", "corrupted"), "torch"),
+    ("pyg_gcn", "lr_x100", ("learning_rate", "too_high"), "torch_geometric"),
+    ("hf_llama", "inputs_rescaled", ("data", "shifted"), "transformers"),
+])
+def test_injection_truth_and_effect(arch, injection, truth, library):
+    pytest.importorskip(library)
+    r = eco.run(arch, injection, seed=3, steps=STEPS, monitor=True, threads=1)  # bf16 + accumulation
+    assert r.dbg is not None and r.truth == truth
+    assert r.metrics["bf16"] == 1.0 and r.metrics["accumulation"] == 2.0
+    if injection == "nan_input":
+        assert r.onset == round(0.4 * STEPS) and r.layer == "lstm"
+        assert not math.isfinite(r.losses[r.onset]) and all(math.isfinite(v) for v in r.losses[:r.onset])
+    elif injection == "inputs_rescaled":
+        healthy = eco.run(arch, "healthy", seed=3, steps=STEPS, threads=1)
+        assert r.losses[:r.onset] == healthy.losses[:r.onset]  # same data before the onset
+        assert _mean(r.losses[r.onset:r.onset + 5]) > _mean(healthy.losses[r.onset:r.onset + 5]) + 0.5
+    else:
+        assert r.onset == 0 and r.layer is None
+
+
+def test_config_faults_on_a_token_model():
+    pytest.importorskip("transformers")
+    r = eco.run("hf_gpt2", "weights_x1e-3", seed=0, steps=4, threads=1)
+    assert r.truth == ("initialization", "too_small") and r.layer == "transformer.wte"
+    assert r.losses[0] == pytest.approx(math.log(64), abs=0.05)  # tiny weights: uniform output
