@@ -27,14 +27,16 @@ def make_mlp(hidden: int, seed: int, device: str) -> nn.Module:
                          nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10)).to(device)
 
 
-def timed_run(hidden: int, steps: int, every: int | None, device: str, batch: int = 128) -> float:
-    """Seconds per step of one training run (``every=None``: no monitor)."""
+def timed_run(hidden: int, steps: int, every: int | None, device: str, batch: int = 128,
+              with_optimizer: bool = False) -> float:
+    """Seconds per step of one training run (``every=None``: no monitor); ``with_optimizer``
+    hands the optimizer to the monitor, which then measures the step size on checked steps."""
     model = make_mlp(hidden, 0, device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     gen = torch.Generator(device=device).manual_seed(0)
     xs = torch.randn(8, batch, 64, generator=gen, device=device)
     ys = torch.randint(0, 10, (8, batch), generator=gen, device=device)
-    dbg = NeuralDbg(model, family="mlp", every=every) if every else None
+    dbg = NeuralDbg(model, family="mlp", every=every, optimizer=opt if with_optimizer else None) if every else None
     with dbg if dbg else contextlib.nullcontext():
         for step in range(steps + 5):
             if step == 5:  # warm-up excluded
@@ -60,20 +62,22 @@ def main(argv: list[str] | None = None) -> dict[int, float]:
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--optimizer", action="store_true",
+                    help="pass the optimizer to NeuralDbg (adds the step-size probe's copies on checked steps)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     n_params = sum(p.numel() for p in make_mlp(a.hidden, 0, "cpu").parameters())
     print(f"MLP with {n_params:,} parameters, batch 128, {a.steps} steps x {a.pairs} pairs, device {a.device}, "
-          f"torch threads {a.threads}")
+          f"torch threads {a.threads}, optimizer {'given' if a.optimizer else 'not given'} to the monitor")
     out = {}
     for every in (1, 10):
         ratios, bare_t, mon_t = [], [], []
         for i in range(a.pairs):
             if i % 2 == 0:
                 b = timed_run(a.hidden, a.steps, None, a.device)
-                m = timed_run(a.hidden, a.steps, every, a.device)
+                m = timed_run(a.hidden, a.steps, every, a.device, with_optimizer=a.optimizer)
             else:
-                m = timed_run(a.hidden, a.steps, every, a.device)
+                m = timed_run(a.hidden, a.steps, every, a.device, with_optimizer=a.optimizer)
                 b = timed_run(a.hidden, a.steps, None, a.device)
             ratios.append(m / b)
             bare_t.append(b)

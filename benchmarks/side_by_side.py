@@ -8,7 +8,8 @@ Four predictors, each scored on runs it was not fitted on:
   (:func:`benchmarks.priors_eval.loao_predictions`), temperature 1;
 * ``eco_hand_set`` -- ecosystem sessions re-scored offline with the hand-set base priors of each
   run's family, never fitted on anything;
-* ``eco_zoo_fitted`` -- the ecosystem posteriors as recorded (the shipped, zoo-fitted priors).
+* ``eco_zoo_fitted`` -- the ecosystem sessions re-scored with the shipped (zoo-fitted) priors as
+  they are now (identical to the recorded posteriors until the priors are refitted).
 
 The temperature is chosen on the zoo alone: the grid value with the lowest pooled
 leave-one-architecture-out held-out log loss. The ecosystem suite never takes part in that
@@ -230,15 +231,10 @@ def compare(dirs: Sequence[str | Path], null_draws: int = 2000, seed: int = 0,
         table[name] = _pred_row(p, r, _rows_for(r, zoo, zrows), **kw)
     preds["eco_hand_set"] = (rescore(eco, None, fitted=False) if eco else _empty(), eco)
     table["eco_hand_set"] = _pred_row(*preds["eco_hand_set"], erows, **kw)
-    if eco:  # the engine's own answers, as recorded
-        scores = M.label_scores(erows, M.LABELS).to_numpy()
-        y, h = _labels(eco)
-        table["eco_zoo_fitted"] = score_row(M.normalize(scores), y, M.bn_alarms(erows), h, _baselines(erows), **kw)
-        probs_rec = M.normalize(scores)
-    else:
-        table["eco_zoo_fitted"] = score_row(np.zeros((0, len(M.LABELS))), np.zeros(0, int), np.zeros(0, bool),
-                                            np.zeros(0, bool), **kw)
-        probs_rec = np.zeros((0, len(M.LABELS)))
+    # the shipped (zoo-fitted) priors as they are now, re-scored from the sessions: the same as
+    # the recorded posteriors until the priors are refitted, and still right after a refit
+    preds["eco_zoo_fitted"] = (rescore(eco, None, fitted=True) if eco else _empty(), eco)
+    table["eco_zoo_fitted"] = _pred_row(*preds["eco_zoo_fitted"], erows, **kw)
 
     # calibration on the new suite, before and after the zoo's temperature
     calib: dict[str, dict[str, Any]] = {}
@@ -258,7 +254,7 @@ def compare(dirs: Sequence[str | Path], null_draws: int = 2000, seed: int = 0,
     rel = {ZOO: {COLUMNS[k]: _reliability(*preds[k]) for k in ("zoo_kfold", "zoo_loao")},
            ECOSYSTEM: {COLUMNS["eco_hand_set"]: _reliability(*preds["eco_hand_set"]),
                        f"hand-set, T = {fmt(temp, 2)} (zoo LOAO)": _reliability(*tempered["eco_hand_set_tempered"]),
-                       COLUMNS["eco_zoo_fitted"]: _reliability_probs(probs_rec, eco)}}
+                       COLUMNS["eco_zoo_fitted"]: _reliability(*preds["eco_zoo_fitted"])}}
     return {"table": pd.DataFrame(table), "calibration": pd.DataFrame(calib).T, "temperature": temp,
             "temperature_loss": losses, "counts": g["counts"], "reliability": rel, "priors": priors_res,
             "null_draws": null_draws}
@@ -322,7 +318,7 @@ def render(res: Mapping[str, Any]) -> str:
         "other folds of the run's family (by seed; by run when there are fewer seeds than folds); *zoo, "
         "leave-one-architecture-out*: CPDs fitted on every other architecture; *ecosystem, hand-set*: the "
         "ecosystem sessions re-scored with the hand-set priors of their family; *ecosystem, zoo-fitted*: the "
-        "ecosystem posteriors as recorded (the shipped priors, fitted on the zoo). All at temperature 1. "
+        "ecosystem sessions re-scored with the shipped priors (fitted on the zoo only). All at temperature 1. "
         f"False alarms: healthy runs that raise one; confident answers: top label probability >= {CONFIDENT}. "
         "The baselines are scored on the same runs as the column.\n",
         f"Runs: {skipped}.\n",

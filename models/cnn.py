@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.injections import register_general
+from models.injections import GENERAL, LABEL_FAULTS, register_general
 from models.registry import ArchSpec, Trainer, register_arch, scale_weights
 
 SHAPES = ("square", "disc", "plus", "triangle")
@@ -140,7 +140,7 @@ class CNNTrainer(Trainer):
 SPEC = register_arch(ArchSpec(
     name="cnn", family="cnn", config=CNNConfig, trainer=CNNTrainer,
     task="classify generated 16x16 shapes (square, disc, plus, triangle) with pixel noise",
-    input_layer="blocks.0.conv", unstable_layer="blocks.0.conv",
+    input_layer="blocks.0.conv", unstable_layer="blocks.0.conv", labels_at=1,
     notes="arch_unstable: 12 extra 3x3 conv+sigmoid layers, sigmoids throughout",
 ))
-register_general("cnn")
+register_general("cnn", GENERAL + LABEL_FAULTS)

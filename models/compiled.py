@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from models.injections import register_general
+from models.injections import GENERAL, LABEL_FAULTS, register_general
 from models.mlp import MLPConfig, MLPTrainer
 from models.registry import ArchSpec, register_arch
 
@@ -45,7 +45,7 @@ class CompiledTrainer(MLPTrainer):
 SPEC = register_arch(ArchSpec(
     name="compiled", family="mlp", config=CompiledConfig, trainer=CompiledTrainer,
     task="the mlp task, trained through torch.compile (inductor)",
-    input_layer="blocks.0.fc", unstable_layer="blocks.0.fc",
+    input_layer="blocks.0.fc", unstable_layer="blocks.0.fc", labels_at=1,
     notes="NeuralDbg is attached to the eager model, then the model is compiled",
 ))
-register_general("compiled")
+register_general("compiled", GENERAL + LABEL_FAULTS)

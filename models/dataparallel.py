@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from models.injections import register_general
+from models.injections import GENERAL, LABEL_FAULTS, register_general
 from models.mlp import MLPConfig, MLPTrainer
 from models.registry import ArchSpec, register_arch
 
@@ -34,7 +34,7 @@ class DataParallelTrainer(MLPTrainer):
 SPEC = register_arch(ArchSpec(
     name="dataparallel", family="mlp", config=DataParallelConfig, trainer=DataParallelTrainer,
     task="the mlp task, trained through nn.DataParallel (one device on a CPU-only machine)",
-    input_layer="blocks.0.fc", unstable_layer="blocks.0.fc",
+    input_layer="blocks.0.fc", unstable_layer="blocks.0.fc", labels_at=1,
     notes="NeuralDbg gets the DataParallel wrapper; layer names are the inner module's",
 ))
-register_general("dataparallel")
+register_general("dataparallel", GENERAL + LABEL_FAULTS)

@@ -156,12 +156,12 @@ for _name, _config in (("gnn", GNNConfig), ("gat", GATConfig)):
     register_arch(ArchSpec(
         name=_name, family="gnn", trainer=GNNTrainer, config=_config,
         task=f"{_config.conv.upper()} node classification on a 4-community stochastic block model",
-        input_layer="convs.0.lin", unstable_layer="convs.0.lin",
+        input_layer="convs.0.lin", unstable_layer="convs.0.lin", labels_at=2,
         notes="arch_unstable: 16 layers without residuals (oversmoothing, vanishing)",
     ))
     # init_too_small is left out: Adam rescales the tiny gradients and both train anyway.
     register_general(_name, ("healthy", "lr_too_high", "lr_too_low", "init_too_large",
-                             "data_nan", "data_inf", "arch_unstable"))
+                             "data_nan", "data_inf", "arch_unstable", "labels_shuffled"))
 
 
 def _offset_features(batch: tuple, step: int, inj: Injection) -> tuple:

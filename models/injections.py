@@ -26,6 +26,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+import torch
+
 from models.registry import ArchSpec, get_arch
 from neuraldbg.vocab import validate_truth
 
@@ -286,6 +288,45 @@ register_injection(Injection(
     why="the optimizer, init scheme and data are the healthy ones; only the architecture changed",
     config=lambda c: replace(c, unstable=True),
 ))
+
+
+def _shuffle_labels(batch: tuple, step: int, inj: Injection) -> tuple:
+    """Batch hook: the class labels permuted across the batch (rows of a token batch), so
+    inputs and labels no longer match; the permutation is seeded by the step."""
+    i = get_arch(inj.arch).labels_at
+    y = batch[i]
+    perm = torch.randperm(y.shape[0], generator=torch.Generator().manual_seed(7919 * step + 17))
+    return (*batch[:i], y[perm], *batch[i + 1:])
+
+
+def _nan_target(batch: tuple, step: int, inj: Injection) -> tuple:
+    """Batch hook: one NaN in the float regression target; the inputs stay finite."""
+    i = get_arch(inj.arch).targets_at
+    y = batch[i].clone()
+    y.view(-1)[-1] = math.nan  # the last entry: a burn-in window never masks it out
+    return (*batch[:i], y, *batch[i + 1:])
+
+
+register_injection(Injection(
+    name="labels_shuffled", archs=(), truth=("data", "corrupted"), symptom="jump",
+    onset_frac=ONSET_FRAC,
+    description="from the onset on, the class labels are permuted across each batch",
+    why="the labels stop matching the inputs mid-run (a misaligned join upstream); inputs, "
+        "model and optimizer stay the healthy ones, and nothing is NaN",
+    batch=_shuffle_labels,
+))
+
+register_injection(Injection(
+    name="nan_target", archs=(), truth=("data", "corrupted"), symptom="nonfinite",
+    onset_frac=ONSET_FRAC, one_shot=True,
+    description="one batch at the onset has a NaN in its regression target",
+    why="the NaN enters with the target, not the input: every monitored input is finite",
+    batch=_nan_target,
+))
+
+#: data faults only archs with class labels can take (``ArchSpec.labels_at``; ``nan_target``
+#: needs a float target, ``ArchSpec.targets_at``)
+LABEL_FAULTS = ("labels_shuffled",)
 
 GENERAL = ("healthy", "lr_too_high", "lr_too_low", "init_too_small", "init_too_large",
            "data_nan", "data_inf", "data_shift", "arch_unstable")

@@ -115,10 +115,10 @@ class LSTMTrainer(Trainer):
 SPEC = register_arch(ArchSpec(
     name="lstm", family="rnn", config=LSTMConfig, trainer=LSTMTrainer,
     task="one-step-ahead forecast of noisy sums of three sines (MSE)",
-    input_layer="lstm.0", unstable_layer="lstm.0",
+    input_layer="lstm.0", unstable_layer="lstm.0", targets_at=1,
     notes="arch_unstable: input and forget gates saturated shut (bias -16): the cell keeps "
           "nothing, sigmoid derivatives ~1e-7, the recurrent gradient vanishes",
 ))
 # init_too_small is left out: Adam rescales the tiny gradients and the LSTM trains anyway.
 register_general("lstm", ("healthy", "lr_too_high", "lr_too_low", "init_too_large",
-                          "data_nan", "data_inf", "data_shift", "arch_unstable"))
+                          "data_nan", "data_inf", "data_shift", "arch_unstable", "nan_target"))

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.injections import register_general
+from models.injections import GENERAL, LABEL_FAULTS, register_general
 from models.registry import ArchSpec, Trainer, register_arch, scale_weights
 
 
@@ -142,7 +142,7 @@ class MLPTrainer(Trainer):
 SPEC = register_arch(ArchSpec(
     name="mlp", family="mlp", config=MLPConfig, trainer=MLPTrainer,
     task="4-class labels of a random tanh teacher on 16-d Gaussian inputs",
-    input_layer="blocks.0.fc", unstable_layer="blocks.0.fc",
+    input_layer="blocks.0.fc", unstable_layer="blocks.0.fc", labels_at=1,
     notes="arch_unstable: 16 Linear+sigmoid blocks (vanishing gradients)",
 ))
-register_general("mlp")
+register_general("mlp", GENERAL + LABEL_FAULTS)

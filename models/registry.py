@@ -80,6 +80,8 @@ class ArchSpec:
     task: str  # one line: the healthy task
     input_layer: str | None = None  # first leaf module that sees the data (data faults)
     unstable_layer: str | None = None  # first leaf module of the unstable variant
+    labels_at: int | None = None  # position of the class labels in a batch (label faults)
+    targets_at: int | None = None  # position of a float regression target in a batch
     progress: tuple[str, str] = ("loss", "down")  # the series a healthy run improves
     symptoms: dict[str, str] = field(default_factory=dict)  # per-arch symptom overrides
     notes: str = ""

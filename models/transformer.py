@@ -271,12 +271,12 @@ class TransformerTrainer(Trainer):
 SPEC = register_arch(ArchSpec(
     name="transformer", family="transformer", config=TransformerConfig, trainer=TransformerTrainer,
     task="next-char prediction on a generated word-level Markov language (28 chars)",
-    input_layer="wte", unstable_layer="blocks.0.ln_1",
+    input_layer="wte", unstable_layer="blocks.0.ln_1", labels_at=1,
     symptoms={"init_too_large": "worse", "lr_too_high": "worse"},
     notes="arch_unstable: 4 blocks without residual connections (rank collapse, vanishing)",
 ))
 register_general("transformer", ("healthy", "lr_too_high", "lr_too_low", "init_too_large",
-                                 "arch_unstable"))
+                                 "arch_unstable", "labels_shuffled"))
 
 
 # ----------------------------------------------------------------------------------------

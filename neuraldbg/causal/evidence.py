@@ -40,9 +40,11 @@ Cut points (module constants, also listed in ``docs/causal_model.md``):
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
+from neuraldbg.causal.signatures import START_CHANCE_FACTOR, chance_loss, signature_evidence
 from neuraldbg.events.base import ACTIVATION, DATA, GRADIENT, OPTIMIZER, Event
 from neuraldbg.trace import Trace
 
@@ -217,8 +219,9 @@ def extract(trace: Trace) -> Evidence:
         if not inside:
             state, how = "input", "at the input"
         else:
+            # a divergence event raised by the non-finite loss itself is the NaN, not a cause of it
             before = [e for e in events if (e.type, e.kind) in _INSTABILITY and e.step < first.step
-                      and e.end_step >= first.step - SUDDEN_WINDOW]
+                      and e.end_step >= first.step - SUDDEN_WINDOW and not e.measured.get("nonfinite")]
             state = "inside_after" if before else "inside_sudden"
             how = ("born inside the network after " + ", ".join(sorted({e.kind for e in before}))) if before \
                 else "born inside the network out of a calm run"
@@ -248,6 +251,18 @@ def extract(trace: Trace) -> Evidence:
         obs["loss_pattern"] = pattern
         sup["loss_pattern"] = tuple(loss_events)
         notes["loss_pattern"] = note
+
+    # small gradients on a loss that keeps improving are not a vanishing signal: learning is
+    # not stuck (attention query/key gradients at init, a loss converging near its floor)
+    if "vanishing" in sup and obs.get("loss_pattern") == "decreasing":
+        del obs["vanishing"]
+        notes["vanishing"] += "; not evidence: the loss keeps improving"
+
+    # -- signatures of the root causes themselves --------------------------------------
+    sig_obs, sig_sup, sig_notes = signature_evidence(trace, events)
+    obs.update(sig_obs)
+    sup.update(sig_sup)
+    notes.update(sig_notes)
 
     # -- order: exploding gradients vs loss instability --------------------------------
     unstable_loss = [e for e in events if e.type == OPTIMIZER and e.kind in ("spike", "divergence")]
@@ -321,10 +336,16 @@ def _loss_pattern(trace: Trace, events: list[Event]) -> tuple[str | tuple[str, .
 
 
 def _loss_start(trace: Trace) -> tuple[str, str] | None:
-    """('normal'|'high', note) from the first recorded loss vs the second half of the run."""
+    """('normal'|'high', note) from the first recorded loss against chance level ``ln K`` when
+    the output size tells ``K``, else against the second half of the run."""
     hist = trace.loss.history
     if not hist or hist[0][0] != trace.first_step:
         return None
+    chance = chance_loss(trace)
+    if chance is not None and math.isfinite(hist[0][1]):
+        ratio = hist[0][1] / chance
+        state = "high" if ratio > START_CHANCE_FACTOR else "normal"
+        return state, f"first loss {hist[0][1]:.3g} is {ratio:.3g}x chance level ln K = {chance:.3g}"
     vals = [v for _, v in hist if v == v and abs(v) != float("inf")]
     if len(vals) < MIN_START_POINTS or not (hist[0][1] == hist[0][1] and abs(hist[0][1]) != float("inf")):
         return None

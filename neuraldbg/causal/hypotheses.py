@@ -33,11 +33,12 @@ FAILURE_VARIABLES: dict[str, tuple[str, ...]] = {
     "dead_neurons": ("dead",),
     "saturated_activations": ("saturation",),
     "optimizer_instability": ("loss_pattern", "loss_start"),
-    "data_anomaly": ("data_nan", "data_shift"),
+    "data_anomaly": ("data_nan", "data_shift", "target_fault"),
 }
 #: Normal state of each failure variable (the failure "did not occur").
 _NORMAL = {"vanishing": "absent", "exploding": "absent", "dead": "absent", "saturation": "absent",
-           "loss_pattern": "decreasing", "loss_start": "normal", "data_nan": "absent", "data_shift": "absent"}
+           "loss_pattern": "decreasing", "loss_start": "normal", "data_nan": "absent", "data_shift": "absent",
+           "target_fault": "absent"}
 _VAR_FAILURE = {v: ft for ft, vs in FAILURE_VARIABLES.items() for v in vs}
 
 #: Failure type of a hypothesis with no event-backed evidence (e.g. a flat loss only).

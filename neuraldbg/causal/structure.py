@@ -160,7 +160,7 @@ NODES: tuple[Node, ...] = (
         "data_nan", ("absent", "inside_after", "inside_sudden", "input"),
         leak={"inside_after": 0.003, "inside_sudden": 0.003, "input": 0.001},
         effects={
-            "data=corrupted": {"input": 0.80, "inside_sudden": 0.15},
+            "data=corrupted": {"input": 0.62, "inside_sudden": 0.12},
             "instability=training": {"inside_after": 0.30, "inside_sudden": 0.05},
             "instability=init": {"inside_after": 0.15, "inside_sudden": 0.15},
         },
@@ -191,7 +191,7 @@ NODES: tuple[Node, ...] = (
             "instability=training": {"nonfinite": 0.35, "divergence": 0.30, "spike": 0.20, "flat": 0.10},
             "instability=init": {"nonfinite": 0.15, "divergence": 0.05, "spike": 0.10,
                                  "flat": 0.10, "slow": 0.10},
-            "data=corrupted": {"nonfinite": 0.85},
+            "data=corrupted": {"nonfinite": 0.70, "spike": 0.10, "divergence": 0.05},
             "data=shifted": {"spike": 0.40},
         },
         why="The loss curve, as one variable so spike/divergence/NaN loss are one observation. "
@@ -219,6 +219,50 @@ NODES: tuple[Node, ...] = (
         why="Which came first when both a gradient event and loss instability occurred "
             "(unobserved otherwise): updates that are too large grow the gradients before the "
             "loss blows up; a bad batch hits loss and gradients at the same step.",
+    ),
+    # ---- root-cause signatures: each reads one cause's own witness, not a symptom -------
+    Table(
+        "step_size", ("normal", "tiny", "large"), parents=("initialization", "learning_rate"),
+        rows=(
+            ({"learning_rate": "too_high"}, (0.10, 0.01, 0.89)),
+            ({"learning_rate": "too_low"}, (0.08, 0.91, 0.01)),
+            ({"initialization": "too_small"}, (0.45, 0.05, 0.50)),
+            ({"initialization": "too_large"}, (0.50, 0.45, 0.05)),
+            ({}, (0.97, 0.015, 0.015)),
+        ),
+        why="The update-to-weight ratio ||w_after - w_before|| / ||w_before|| per layer at its "
+            "peak over the run (median over layers): the step size the optimizer actually took. "
+            "A healthy run peaks around 1e-4..1e-2 per step. Its only parents are the learning "
+            "rate and the weight scale it is relative to: an adaptive optimizer takes steps of "
+            "about lr whatever the weights, so tiny weights read as large steps and huge "
+            "weights as tiny ones; the initialization signature tells those apart.",
+    ),
+    Table(
+        "init_scale", ("normal", "small", "large"), parents=("initialization",),
+        rows=(
+            ({"initialization": "too_small"}, (0.08, 0.90, 0.02)),
+            ({"initialization": "too_large"}, (0.08, 0.02, 0.90)),
+            ({}, (0.99, 0.005, 0.005)),
+        ),
+        why="The weights' RMS at the first checked step against the nearest reference scale of "
+            "their type and fan-in (PyTorch's default kaiming-uniform, Xavier, Kaiming, the std "
+            "0.02 of transformer libraries), as the median over weight matrices: a direct "
+            "witness of the initialization, whatever normalization or Adam later hide. Weights "
+            "that are exactly zero by design (a LoRA B, a zero-init projection) are left out.",
+    ),
+    Table(
+        "target_fault", ("absent", "nonfinite_loss_first", "back_to_chance"), parents=("data", "instability"),
+        rows=(
+            ({"data": "corrupted"}, (0.60, 0.15, 0.25)),
+            ({"instability": "training"}, (0.93, 0.05, 0.02)),
+            ({"instability": "init"}, (0.95, 0.03, 0.02)),
+            ({"data": "shifted"}, (0.93, 0.02, 0.05)),
+            ({}, (0.99, 0.004, 0.006)),
+        ),
+        why="Faults in the targets, which the input statistics cannot see: the loss turned "
+            "non-finite while every monitored input and layer output at that step was finite "
+            "(a NaN or Inf target), or the loss, after having learned, went back to its "
+            "chance level and stayed there (labels shuffled or misaligned).",
     ),
     Table(
         "depth_risk", ("low", "deep", "deep_saturating"), parents=("architecture",),

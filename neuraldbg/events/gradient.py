@@ -101,7 +101,9 @@ class GradientHealthDetector(Detector):
         rms_by_layer = {}
         for layer in stats.layers:
             r = stats.grad_rms(layer)
-            if r is not None:
+            # exactly zero is no observation, not a vanished signal: a downstream factor that
+            # is zero by design (a LoRA A while its B is still 0) stops it exactly
+            if r is not None and r != 0.0:
                 rms_by_layer[layer] = r
         if not rms_by_layer:
             return []

@@ -69,8 +69,11 @@ def hand_set_base(pri: Priors) -> Priors:
     if "cpds" not in b:
         log.warning("tune: %s is fitted but records no hand-set base; shrinking toward it as is", pri.source)
         return pri
+    # the roots are never fitted, so their reasoning is the fitted file's own; the base records
+    # only the reasoning of its tables
+    reasoning = {**{k: v for k, v in pri.reasoning.items() if k in pri.roots}, **b.get("reasoning", {})}
     doc = {"schema_version": pri.schema_version, "family": pri.family, "roots": {k: dict(v) for k, v in pri.roots.items()},
-           "cpds": b["cpds"], "temperature": b.get("temperature", 1.0), "reasoning": b.get("reasoning", {}),
+           "cpds": b["cpds"], "temperature": b.get("temperature", 1.0), "reasoning": reasoning,
            "provenance": {"method": b.get("method", "hand-set"), "recovered_from": pri.source}}
     log.info("tune: %s is fitted; starting from its recorded hand-set base", pri.source)
     return validate(doc, source=f"{b.get('source', '?')} (hand-set base recorded in {pri.source})", family=pri.family)

@@ -24,6 +24,8 @@ from neuraldbg.events.stepstats import StepStats
 from neuraldbg.monitor.family import detect_family
 from neuraldbg.monitor.history import LossHistory
 from neuraldbg.monitor.hooks import ModuleHooks, unwrap
+from neuraldbg.monitor.probes import (StepSizeProbe, config_init_range, init_scale, last_out_features,
+                                          probed_weights)
 from neuraldbg.monitor.transfer import HostTransfer
 from neuraldbg.queries import CausalQueries
 from neuraldbg.trace import LayerInfo, Trace
@@ -43,7 +45,9 @@ class NeuralDbg(CausalQueries):
             wrappers are looked through; hooks go on the user's modules).
         family: architecture family for priors (``mlp``, ``cnn``, ``transformer``, ``gan``,
             ``lora``, ``diffusion``, ``rnn``, ``gnn``, ``rl``); guessed from module types when None.
-        optimizer: optional optimizer; recorded in the export (learning rates).
+        optimizer: optional optimizer. Its step pre/post hooks measure the update-to-weight
+            ratio on checked steps (the learning rate's signature; the parameters are copied
+            on checked steps only) and its learning rates go into the export.
         every: check every Nth step (1 = every step).
         config: detector thresholds (:class:`DetectorConfig` or a dict of its fields).
         detectors: names of registered detectors to run (all by default).
@@ -101,6 +105,9 @@ class NeuralDbg(CausalQueries):
         self._first_step: int | None = None
         self._last_step = 0
         self._entered = False
+        self._init_scale: tuple[float | None, int] = (None, 0)
+        self._step_probe: StepSizeProbe | None = None
+        self._closed_active = False  # whether the step closed last was a checked one
         self.rank, self.world_size = _dist_rank()
 
     @property
@@ -122,13 +129,61 @@ class NeuralDbg(CausalQueries):
         except Exception:  # never break training: a monitor that cannot hook degrades to nothing
             self._hooks.remove()
             log.exception("neuraldbg: could not register hooks; monitoring is off for this run")
+            return self
+        self._safe(self._measure_init_scale, "initial weight scale")
+        self._safe(self._attach_step_probe, "step size")
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         self._hooks.remove()
+        if self._step_probe is not None:
+            self._safe(self._step_probe.remove, "step size")
         self._safe(self._close_step, "close")
         self._safe(self._transfer.drain, "drain")
         return False
+
+    # ---- root-cause signatures (docs/causal_model.md) ------------------------------------
+    def _measure_init_scale(self) -> None:
+        # the weights as training finds them: one host transfer, before the first update
+        self._init_scale = init_scale(self._hooks.modules, config_init_range(self.root))
+
+    def _attach_step_probe(self) -> None:
+        opt = self.optimizer
+        if opt is None:
+            return
+        if not (hasattr(opt, "register_step_pre_hook") and hasattr(opt, "param_groups")):
+            self._report(("step_probe",), f"optimizer {type(opt).__name__} has no step hooks; the step "
+                         "size is not measured", level=logging.INFO)
+            return
+        owner = probed_weights(self._hooks.modules)
+        if owner:
+            self._step_probe = StepSizeProbe(opt, owner, self._update_checked)
+
+    def _update_checked(self) -> bool:
+        """Whether the optimizer step now starting belongs to a checked step. Without
+        ``dbg.step``, ``record_loss`` has already closed that step (and opened the next)."""
+        if not self._hooks.handles:
+            return False
+        return self._hooks.buf.active if self._user_steps else self._closed_active
+
+    def signatures(self) -> dict[str, float]:
+        """The measured root-cause signatures (one host transfer): weight scale at the start
+        (``init_scale_log10``), peak update-to-weight ratios over the first steps
+        (``step_ratio_peak``: median over layers, ``step_ratio_max``: any layer), the peak
+        learning rate as set, and the model's output size (``out_features``)."""
+        out: dict[str, float] = {}
+        f, n = self._init_scale
+        if f is not None:
+            out["init_scale_log10"], out["init_scale_n"] = f, n
+        probe = self._step_probe
+        if probe is not None:
+            out.update(probe.summary())
+            if probe.lr_peak is not None:
+                out["lr_peak"] = probe.lr_peak
+        k = last_out_features(self._order, dict(self._hooks.modules))
+        if k is not None:
+            out["out_features"] = k
+        return out
 
     # ---- step bookkeeping --------------------------------------------------------------
     @property
@@ -168,6 +223,7 @@ class NeuralDbg(CausalQueries):
             self._start_step(self._step + 1)
 
     def _close_step(self) -> None:
+        self._closed_active = self._hooks.buf.active
         buf = self._hooks.take()
         if buf is None:
             return
@@ -278,6 +334,10 @@ class NeuralDbg(CausalQueries):
                 meta["lr"] = [float(g.get("lr", float("nan"))) for g in self.optimizer.param_groups]
             except Exception:  # noqa: BLE001 - a custom optimizer without param_groups
                 pass
+        try:
+            meta.update(self.signatures())
+        except Exception as e:  # noqa: BLE001 - the diagnosis then runs without signatures
+            self._report(("internal", "signatures", type(e).__name__), f"internal error in signatures: {e!r}")
         return Trace(events=events, layers=self.layers(), family=self.family,
                      first_step=self._first_step or 0, last_step=self._last_step,
                      loss=self._loss.summary(), rank=self.rank, world_size=self.world_size,

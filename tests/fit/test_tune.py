@@ -300,3 +300,13 @@ def test_priors_eval_kfold_and_leave_one_arch_out(tmp_path):
     assert kf.loc["all", "n"] == sum(r.label is not None for r in runs)
     text = priors_eval.render(res, tmp_path)
     assert "## K-fold by seed, per family" in text and "## Leave one architecture out" in text
+
+
+def test_regression_refitting_a_fitted_file_keeps_the_root_reasoning():
+    """Bug: hand_set_base rebuilt the base from provenance.base, which records only the tables'
+    reasoning, so every `make priors` after the first dropped the roots' reasoning."""
+    pri = load_priors("mlp")
+    assert pri.provenance.get("method") == "fitted"
+    base = T.hand_set_base(pri)
+    for var in pri.roots:
+        assert base.reasoning.get(var) == pri.reasoning.get(var) and base.reasoning[var]

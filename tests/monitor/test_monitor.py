@@ -20,6 +20,8 @@ def train(model, steps=50, dbg_kwargs=None, seed=0):
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses = []
+    if dbg_kwargs and dbg_kwargs.get("optimizer") is True:  # the optimizer made here
+        dbg_kwargs = {**dbg_kwargs, "optimizer": opt}
     ctx = NeuralDbg(model, **dbg_kwargs) if dbg_kwargs is not None else None
     if ctx:
         ctx.__enter__()
@@ -47,7 +49,8 @@ def hook_state(model):
             for p in model.parameters()]
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"every": 10}, {"output_grads": False}])
+@pytest.mark.parametrize("kwargs", [{}, {"every": 10}, {"output_grads": False}, {"optimizer": True},
+                                    {"optimizer": True, "every": 3}])
 def test_training_is_bitwise_identical_with_and_without_monitor(kwargs):
     m1, m2 = mlp(), mlp()
     l1, _ = train(m1)
@@ -56,6 +59,13 @@ def test_training_is_bitwise_identical_with_and_without_monitor(kwargs):
     for p1, p2 in zip(m1.parameters(), m2.parameters()):
         assert torch.equal(p1, p2)
     assert dbg.events == []  # a healthy 50-step run
+    if "optimizer" in kwargs:  # the step-size probe measured, then left the optimizer as it was
+        opt = dbg.optimizer
+        from neuraldbg.monitor.probes import StepSizeProbe
+
+        checked = len(range(0, 50, kwargs.get("every", 1)))
+        assert dbg.signatures()["step_ratio_steps"] == min(checked, StepSizeProbe.WINDOW)
+        assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
 
 
 def test_hooks_removed_on_exit_also_when_body_raises():

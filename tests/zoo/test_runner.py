@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import models
-from models.injections import Injection, register_injection
+from models.injections import LABEL_FAULTS, Injection, register_injection
 from neuraldbg.vocab import ROOTS
 from zoo_testing import cached_run
 
@@ -46,7 +46,7 @@ def test_injections_are_bound_and_well_formed(arch):
 
 def test_general_injections_cover_the_mlp_family():
     for arch in ("mlp", "cnn", "compiled", "dataparallel"):
-        assert set(models.injection_names(arch)) == GENERAL
+        assert set(models.injection_names(arch)) == GENERAL | set(LABEL_FAULTS)
     assert set(models.injection_names("compiled")) == set(models.injection_names("mlp"))
 
 

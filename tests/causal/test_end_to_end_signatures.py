@@ -1,0 +1,150 @@
+"""Real small runs where only a root cause's own signature can decide the diagnosis.
+
+Each model here is written the way people write them (LayerNorm, AdamW, zero-init adapters),
+not like the zoo's; each run trains for a second or two on one thread.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neuraldbg import NeuralDbg
+
+STEPS = 120
+SEEDS = (0, 1)
+
+
+class Net(nn.Module):
+    """Linear -> LayerNorm -> GELU blocks and a linear head (a transformer MLP's habits)."""
+
+    def __init__(self, d_in=16, d=64, d_out=4, depth=2):
+        super().__init__()
+        dims = [d_in] + [d] * depth
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(a, b), nn.LayerNorm(b), nn.GELU())
+                                    for a, b in zip(dims[:-1], dims[1:]))
+        self.head = nn.Linear(d, d_out)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+class Adapted(nn.Module):
+    """A frozen base with LoRA-style adapters: ``B`` starts at exactly zero, as PEFT does it."""
+
+    def __init__(self, base: Net, r=4):
+        super().__init__()
+        self.base = base
+        for p in base.parameters():
+            p.requires_grad_(False)
+        self.A = nn.ModuleList(nn.Linear(blk[0].in_features, r, bias=False) for blk in base.blocks)
+        self.B = nn.ModuleList(nn.Linear(r, blk[0].out_features, bias=False) for blk in base.blocks)
+        for b in self.B:
+            nn.init.zeros_(b.weight)
+
+    def forward(self, x):
+        for blk, a, b in zip(self.base.blocks, self.A, self.B):
+            x = blk[2](blk[1](blk[0](x) + b(a(x))))
+        return self.base.head(x)
+
+
+TEACHER = torch.randn(16, 4, generator=torch.Generator().manual_seed(1234))
+
+
+def teacher_batch(gen, n=64):
+    x = torch.randn(n, TEACHER.shape[0], generator=gen)
+    return x, (x @ TEACHER).argmax(dim=1)  # a random linear teacher: learnable in a few dozen steps
+
+
+def run(seed, *, lr=3e-3, gain=1.0, adapters=False, regression=False, fault=None):
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(100 + seed)
+    model = Net(d_out=1 if regression else 4)
+    if adapters:
+        model = Adapted(model)
+    if gain != 1.0:
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() >= 2:
+                    p.mul_(gain)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 10) * 0.5 * (1 + math.cos(math.pi * min(s, STEPS) / STEPS)))
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for step in range(STEPS):
+            dbg.step = step
+            x, y = teacher_batch(gen)
+            if regression:
+                y = x[:, :4].sum(dim=1, keepdim=True)
+                if fault == "nan_target" and step == 60:
+                    y = y.clone()
+                    y[3] = float("nan")
+            elif fault == "shuffle" and step >= 50:
+                y = y[torch.randperm(len(y), generator=gen)]
+            opt.zero_grad()
+            out = model(x)
+            loss = F.mse_loss(out, y) if regression else F.cross_entropy(out, y)
+            loss.backward()
+            dbg.record_loss(loss)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+    return dbg
+
+
+def top(dbg):
+    hs = dbg.get_causal_hypotheses()
+    return (hs[0].cause, hs[0].state) if hs else None
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_healthy_everyday_model_stays_quiet(seed):
+    dbg = run(seed)
+    assert dbg.posterior().p_healthy > 0.8, dbg.get_causal_hypotheses()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_lr_1e8_with_adam_is_a_too_low_learning_rate(seed):
+    dbg = run(seed, lr=1e-8)
+    assert dbg.signatures()["step_ratio_max"] < 1e-4
+    assert top(dbg) == ("learning_rate", "too_low")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_weights_x100_under_layernorm_are_a_too_large_init(seed):
+    dbg = run(seed, gain=100.0)
+    assert dbg.signatures()["init_scale_log10"] > 1.5
+    assert top(dbg) == ("initialization", "too_large")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_zero_init_adapters_are_healthy(seed):
+    dbg = run(seed, adapters=True)
+    assert dbg.signatures()["init_scale_n"] > 0  # B is left out, A and the base are measured
+    assert top(dbg) not in (("initialization", "too_small"), ("architecture", "unstable"))
+    assert dbg.posterior().p_healthy > 0.5, dbg.get_causal_hypotheses()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_nan_target_is_corrupted_data_not_the_learning_rate(seed):
+    dbg = run(seed, regression=True, fault="nan_target")
+    assert top(dbg) == ("data", "corrupted"), dbg.get_causal_hypotheses()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_labels_shuffled_return_the_loss_to_chance(seed):
+    """The signature itself: the loss learned, then went back to ln K and stayed."""
+    from neuraldbg.causal.evidence import extract
+
+    assert extract(run(seed, fault="shuffle").trace()).observed["target_fault"] == "back_to_chance"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_labels_shuffled_after_a_healthy_start_are_corrupted_data(seed):
+    dbg = run(seed, fault="shuffle")
+    assert top(dbg) == ("data", "corrupted"), dbg.get_causal_hypotheses()

@@ -1,0 +1,98 @@
+"""Signature evidence: step size, initial weight scale, target faults, chance-level loss start."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from neuraldbg.causal import signatures as G
+from neuraldbg.causal.evidence import extract
+from neuraldbg.events.base import DATA, GRADIENT, OPTIMIZER, make_event
+from neuraldbg.trace import LayerInfo, LossSummary, Trace
+
+LAYERS = (LayerInfo("fc1", "Linear", 0, 10), LayerInfo("act", "ReLU", 1, 0), LayerInfo("fc2", "Linear", 2, 10))
+
+
+def trace(losses=(), meta=None, events=(), family="mlp", nonfinite_step=None):
+    hist = tuple(enumerate(losses))
+    finite = [v for v in losses if math.isfinite(v)]
+    loss = LossSummary(n=len(losses), first=losses[0] if losses else None, last=losses[-1] if losses else None,
+                       min=min(finite) if finite else None,
+                       n_nonfinite=sum(not math.isfinite(v) for v in losses),
+                       first_nonfinite_step=nonfinite_step, history=hist)
+    return Trace(events=tuple(events), layers=LAYERS, family=family, first_step=0,
+                 last_step=max(len(losses) - 1, 0), loss=loss, meta=tuple(sorted((meta or {}).items())))
+
+
+@pytest.mark.parametrize("ratio,state", [(None, None), (1e-8, "tiny"), (9.9e-5, "tiny"), (1e-4, "normal"),
+                                         (3e-3, "normal"), (0.1, "normal"), (0.5, "large"), (40.0, "large")])
+def test_step_size_cut_points(ratio, state):
+    assert G.step_size_state(ratio) == state
+
+
+@pytest.mark.parametrize("f,state", [(None, None), (0.0, "normal"), (0.49, "normal"), (-0.49, "normal"), (0.6, "large"),
+                                     (1.5, "large"), (-2.0, "small")])
+def test_init_scale_cut_points(f, state):
+    assert G.init_scale_state(f) == state
+
+
+def test_back_to_chance_needs_learning_then_a_return():
+    ref = math.log(10)
+    learned_then_back = [ref] * 10 + [0.3 * ref] * 40 + [ref] * 20
+    assert G.back_to_chance(learned_then_back, ref)
+    assert not G.back_to_chance([ref * (1 - i / 100) for i in range(70)], ref)  # slow steady learning
+    assert not G.back_to_chance([ref] * 70, ref)  # never learned (lr too low): not a target fault
+    assert not G.back_to_chance([ref] * 10 + [0.3 * ref] * 60, ref)  # learned and stayed
+    spike = [ref] * 10 + [0.3 * ref] * 30 + [2 * ref] + [0.3 * ref] * 29
+    assert not G.back_to_chance(spike, ref)  # one bad batch is not a return
+    blown = [ref] * 10 + [0.3 * ref] * 40 + [40 * ref] * 20
+    assert not G.back_to_chance(blown, ref)  # far above chance: a blow-up, not a label fault
+
+
+def test_signatures_read_from_trace_meta():
+    tr = trace(losses=[2.3] * 30, meta={"step_ratio_peak": 2e-8, "init_scale_log10": 0.1, "out_features": 10})
+    ev = extract(tr)
+    assert ev.observed["step_size"] == "tiny" and ev.observed["init_scale"] == "normal"
+    assert ev.observed["target_fault"] == "absent"
+    assert "peak update/weight ratio" in ev.notes["step_size"]
+
+
+def test_without_measurements_signatures_are_unobserved():
+    ev = extract(trace(losses=[1.0] * 5))
+    assert "step_size" not in ev.observed and "init_scale" not in ev.observed
+    assert "target_fault" not in ev.observed  # too few losses to tell a return to chance
+
+
+def test_nonfinite_loss_with_finite_network_points_at_the_targets():
+    losses = [1.0 - 0.01 * i for i in range(30)] + [math.nan] + [0.7] * 9
+    tr = trace(losses=losses, nonfinite_step=30, events=[
+        make_event(OPTIMIZER, "divergence", None, 30, 5.0, {"nonfinite": 1.0}),  # the NaN loss itself
+        make_event(DATA, "nan", "fc1", 31, 6.0, {"at_input": 0.0})])             # poisoned weights after
+    ev = extract(tr)
+    assert ev.observed["target_fault"] == "nonfinite_loss_first"
+    # the NaN loss is not the instability that "preceded" the NaN born inside
+    assert ev.observed["data_nan"] == "inside_sudden"
+
+
+def test_nonfinite_loss_after_blow_up_is_not_a_target_fault():
+    losses = [1.0] * 20 + [50.0, 500.0, math.inf]
+    tr = trace(losses=losses, nonfinite_step=22, events=[
+        make_event(GRADIENT, "exploding", "fc1", 19, 3.0, {}),
+        make_event(DATA, "inf", "fc2", 22, 6.0, {"at_input": 0.0})])
+    assert extract(tr).observed["target_fault"] == "absent"
+
+
+def test_loss_start_uses_chance_level_not_the_later_loss():
+    fast = [math.log(10) * 1.1] + [0.01] * 40  # a fast learner: 200x drop, still starts at chance
+    assert extract(trace(losses=fast, meta={"out_features": 10})).observed["loss_start"] == "normal"
+    blown = [80.0] + [0.5] * 40
+    assert extract(trace(losses=blown, meta={"out_features": 10})).observed["loss_start"] == "high"
+
+
+def test_vanishing_on_an_improving_loss_is_not_evidence():
+    van = make_event(GRADIENT, "vanishing", "fc1", 0, 2.0, {"out_rms": 0.5})
+    improving = [2.0 * 0.97 ** i for i in range(60)]
+    ev = extract(trace(losses=improving, events=[van]))
+    assert "vanishing" not in ev.observed and "loss keeps improving" in ev.notes["vanishing"]
+    stuck = [2.0] * 60
+    assert extract(trace(losses=stuck, events=[van])).observed["vanishing"] == "init_depth"
