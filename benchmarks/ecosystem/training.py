@@ -115,14 +115,6 @@ def warmup_steps(total: int) -> int:
     return max(1, int(round(WARMUP_FRAC * total)))
 
 
-def scale_weights(model: nn.Module, gain: float) -> None:
-    """Multiply every weight matrix (``dim >= 2``, embeddings too) by ``gain``."""
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.mul_(gain)
-
-
 #: Normalization layers ``strip_norms`` removes; library ones are matched by class name so
 #: that this file imports no library.
 NORM_TYPES = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.RMSNorm)

@@ -44,12 +44,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from neuraldbg.causal.signatures import START_CHANCE_FACTOR, chance_loss, signature_evidence
+# the loss-curve constants both readings share are defined once, with the signatures
+from neuraldbg.causal.signatures import (MIN_LOSS_POINTS, NON_MONOTONE_FAMILIES, START_CHANCE_FACTOR, chance_loss,
+                                         signature_evidence)
 from neuraldbg.events.base import ACTIVATION, DATA, GRADIENT, OPTIMIZER, Event
 from neuraldbg.trace import Trace
 
 INIT_STEPS = 1
-MIN_LOSS_POINTS = 20
 LOSS_EDGE = 0.1
 FLAT_REL = 0.02
 SLOW_REL = 0.10
@@ -62,8 +63,6 @@ COUPLING_STEPS = 5
 DEEP_LAYERS = 12
 SATURATING_DEPTH = 6
 
-#: families whose loss is not minimized monotonically: loss progress is not evidence there
-NON_MONOTONE_FAMILIES = ("gan", "rl")
 #: families whose first step already contains an optimizer update (alternating G/D steps):
 #: a symptom at the first step may be caused by the step size, so "at init" is partial there
 ALTERNATING_FAMILIES = ("gan",)

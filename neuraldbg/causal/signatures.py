@@ -46,10 +46,12 @@ LEARNED = 0.6
 BACK = 0.85
 CEILING = 1.5
 LOSS_TAIL = 0.2
+#: fewer recorded losses than this: progress (and a return to chance) is unknowable
 MIN_LOSS_POINTS = 20
 START_CHANCE_FACTOR = 4.0
 
-#: families whose loss is not minimized monotonically: "back to chance" means nothing there
+#: families whose loss is not minimized monotonically: loss progress is not evidence there,
+#: and "back to chance" means nothing
 NON_MONOTONE_FAMILIES = ("gan", "rl")
 
 

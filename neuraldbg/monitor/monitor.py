@@ -25,7 +25,7 @@ from neuraldbg.monitor.family import detect_family
 from neuraldbg.monitor.history import LossHistory
 from neuraldbg.monitor.hooks import ModuleHooks, unwrap
 from neuraldbg.monitor.probes import (StepSizeProbe, config_init_range, init_scale, last_out_features,
-                                          probed_weights)
+                                      probed_weights, weight_census)
 from neuraldbg.monitor.transfer import HostTransfer
 from neuraldbg.queries import CausalQueries
 from neuraldbg.trace import LayerInfo, Trace
@@ -46,8 +46,8 @@ class NeuralDbg(CausalQueries):
         family: architecture family for priors (``mlp``, ``cnn``, ``transformer``, ``gan``,
             ``lora``, ``diffusion``, ``rnn``, ``gnn``, ``rl``); guessed from module types when None.
         optimizer: optional optimizer. Its step pre/post hooks measure the update-to-weight
-            ratio on checked steps (the learning rate's signature; the parameters are copied
-            on checked steps only) and its learning rates go into the export.
+            ratio (the learning rate's signature; the weight matrices are copied on the first
+            16 checked steps only) and its learning rates go into the export.
         every: check every Nth step (1 = every step).
         config: detector thresholds (:class:`DetectorConfig` or a dict of its fields).
         detectors: names of registered detectors to run (all by default).
@@ -106,6 +106,7 @@ class NeuralDbg(CausalQueries):
         self._last_step = 0
         self._entered = False
         self._init_scale: tuple[float | None, int] = (None, 0)
+        self._census = None  # the weight matrices and their norms on entry (probes.weight_census)
         self._step_probe: StepSizeProbe | None = None
         self._closed_active = False  # whether the step closed last was a checked one
         self.rank, self.world_size = _dist_rank()
@@ -130,7 +131,7 @@ class NeuralDbg(CausalQueries):
             self._hooks.remove()
             log.exception("neuraldbg: could not register hooks; monitoring is off for this run")
             return self
-        self._safe(self._measure_init_scale, "initial weight scale")
+        self._safe(self._measure_weights, "initial weight scale")
         self._safe(self._attach_step_probe, "step size")
         return self
 
@@ -143,9 +144,10 @@ class NeuralDbg(CausalQueries):
         return False
 
     # ---- root-cause signatures (docs/causal_model.md) ------------------------------------
-    def _measure_init_scale(self) -> None:
+    def _measure_weights(self) -> None:
         # the weights as training finds them: one host transfer, before the first update
-        self._init_scale = init_scale(self._hooks.modules, config_init_range(self.root))
+        self._census = weight_census(self._hooks.modules)
+        self._init_scale = init_scale(self._hooks.modules, config_init_range(self.root), census=self._census)
 
     def _attach_step_probe(self) -> None:
         opt = self.optimizer
@@ -155,7 +157,7 @@ class NeuralDbg(CausalQueries):
             self._report(("step_probe",), f"optimizer {type(opt).__name__} has no step hooks; the step "
                          "size is not measured", level=logging.INFO)
             return
-        owner = probed_weights(self._hooks.modules)
+        owner = probed_weights(self._hooks.modules, census=self._census)
         if owner:
             self._step_probe = StepSizeProbe(opt, owner, self._update_checked)
 
@@ -168,9 +170,10 @@ class NeuralDbg(CausalQueries):
 
     def signatures(self) -> dict[str, float]:
         """The measured root-cause signatures (one host transfer): weight scale at the start
-        (``init_scale_log10``), peak update-to-weight ratios over the first steps
-        (``step_ratio_peak``: median over layers, ``step_ratio_max``: any layer), the peak
-        learning rate as set, and the model's output size (``out_features``)."""
+        (``init_scale_log10``), update-to-weight ratios over the first checked steps read at
+        the peak learning rate (``step_ratio_peak``: the median layer, ``step_ratio_max``: the
+        fastest; see :class:`~neuraldbg.monitor.probes.StepSizeProbe`), the peak learning rate
+        as set, and the model's output size (``out_features``)."""
         out: dict[str, float] = {}
         f, n = self._init_scale
         if f is not None:

@@ -55,43 +55,45 @@ def config_init_range(root: nn.Module) -> float | None:
     return None
 
 
-def init_scale(modules: Iterable[tuple[str, nn.Module]], init_range: float | None = None) -> tuple[float | None, int]:
+Census = list[tuple[str, nn.Module, torch.Tensor, float]]
+
+
+def weight_census(modules: Iterable[tuple[str, nn.Module]]) -> Census:
+    """``(layer, module, weight, norm)`` of every floating, dense weight matrix (``dim >= 2``)
+    the modules own, with all norms in one host transfer: what both the initial-scale
+    signature and the step-size probe start from, measured once before training."""
+    cands = [(name, mod, p) for name, mod in modules for p in mod.parameters(recurse=False)
+             if p.dim() >= 2 and p.numel() > 0 and p.is_floating_point() and not p.is_sparse]
+    if not cands:
+        return []
+    with torch.no_grad():
+        dev = cands[0][2].device
+        norms = torch.stack([n.float().to(dev) for n in torch._foreach_norm([p.detach() for *_, p in cands])])
+        norms = norms.cpu().tolist()
+    return [(name, mod, p, n) for (name, mod, p), n in zip(cands, norms)]
+
+
+def init_scale(modules: Iterable[tuple[str, nn.Module]], init_range: float | None = None,
+               census: Census | None = None) -> tuple[float | None, int]:
     """(median over weight matrices of the log10 factor to the nearest reference, count).
 
-    Weight matrices (``dim >= 2``) that are exactly zero are zero by design (a LoRA ``B``, a
-    zero-init output projection) and are left out. One host transfer for the whole model.
+    Weight matrices that are exactly zero are zero by design (a LoRA ``B``, a zero-init output
+    projection) and are left out. Pass ``census`` (:func:`weight_census`) to reuse its norms.
     """
-    items: list[tuple[nn.Module, torch.Size]] = []
-    weights: list[torch.Tensor] = []
-    for _, mod in modules:
-        for p in mod.parameters(recurse=False):
-            if p.dim() >= 2 and p.numel() > 0 and p.is_floating_point() and not p.is_sparse:
-                items.append((mod, p.shape))
-                weights.append(p.detach())
-    if not weights:
-        return None, 0
-    with torch.no_grad():
-        dev = weights[0].device
-        norms = torch.stack([n.float().to(dev) for n in torch._foreach_norm(weights)]).cpu().tolist()
-    factors = sorted(nearest_log10_factor(n / math.sqrt(math.prod(shape)), reference_stds(mod, shape, init_range))
-                     for (mod, shape), n in zip(items, norms) if n > 0 and math.isfinite(n))
+    census = weight_census(modules) if census is None else census
+    factors = sorted(nearest_log10_factor(n / math.sqrt(p.numel()), reference_stds(mod, p.shape, init_range))
+                     for _, mod, p, n in census if n > 0 and math.isfinite(n))
     if not factors:
         return None, 0
     return factors[len(factors) // 2], len(factors)
 
 
-def probed_weights(modules: Iterable[tuple[str, nn.Module]]) -> dict[int, str]:
-    """``id(param) -> layer`` of the weight matrices the step-size probe measures: floating,
-    dense, ``dim >= 2``, and not exactly zero (zero by design, like a LoRA ``B``). Checked once,
-    before training, with one host transfer."""
-    cands = [(name, p) for name, mod in modules for p in mod.parameters(recurse=False)
-             if p.dim() >= 2 and p.numel() > 0 and p.is_floating_point() and not p.is_sparse]
-    if not cands:
-        return {}
-    with torch.no_grad():
-        dev = cands[0][1].device
-        nonzero = torch.stack([(p.detach() != 0).any().to(dev) for _, p in cands]).cpu().tolist()
-    return {id(p): name for (name, p), nz in zip(cands, nonzero) if nz}
+def probed_weights(modules: Iterable[tuple[str, nn.Module]], census: Census | None = None) -> dict[int, str]:
+    """``id(param) -> layer`` of the weight matrices the step-size probe measures: those of
+    :func:`weight_census` that are not exactly zero (zero by design, like a LoRA ``B``: no
+    scale for a ratio)."""
+    census = weight_census(modules) if census is None else census
+    return {id(p): name for name, _, p, n in census if n != 0}
 
 
 def last_out_features(order: Iterable[str], modules: dict[str, nn.Module]) -> int | None:
