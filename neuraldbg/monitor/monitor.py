@@ -21,6 +21,7 @@ from neuraldbg.events.base import Event
 from neuraldbg.events.compress import EventLog, Propagation, compress
 from neuraldbg.events.registry import DetectorContext, build_detectors
 from neuraldbg.events.stepstats import StepStats
+from neuraldbg.monitor.addons import Addon, dist_rank
 from neuraldbg.monitor.family import detect_family
 from neuraldbg.monitor.history import LossHistory
 from neuraldbg.monitor.hooks import ModuleHooks, unwrap
@@ -76,7 +77,7 @@ class NeuralDbg(CausalQueries):
             raise TypeError(f"config must be a DetectorConfig or dict, got {type(config).__name__}")
         self.model = model
         self.root = unwrap(model)
-        self.family = _resolve_family(self.root, family)
+        self.family = detect_family(self.root) if family is None else validate_family(family)
         self.optimizer = optimizer
         self.every = every
         self.config = config
@@ -109,7 +110,8 @@ class NeuralDbg(CausalQueries):
         self._census = None  # the weight matrices and their norms on entry (probes.weight_census)
         self._step_probe: StepSizeProbe | None = None
         self._closed_active = False  # whether the step closed last was a checked one
-        self.rank, self.world_size = _dist_rank()
+        self.rank, self.world_size = dist_rank()
+        self._addons: list[Addon] = []  # optional parts with a lifecycle (monitor/addons.py)
 
     @property
     def sync_every(self) -> int:
@@ -133,6 +135,7 @@ class NeuralDbg(CausalQueries):
             return self
         self._safe(self._measure_weights, "initial weight scale")
         self._safe(self._attach_step_probe, "step size")
+        self._call_addons("enter")
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -141,6 +144,7 @@ class NeuralDbg(CausalQueries):
             self._safe(self._step_probe.remove, "step size")
         self._safe(self._close_step, "close")
         self._safe(self._transfer.drain, "drain")
+        self._call_addons("exit", exc)
         return False
 
     # ---- root-cause signatures (docs/causal_model.md) ------------------------------------
@@ -205,6 +209,8 @@ class NeuralDbg(CausalQueries):
     def _start_step(self, value: int) -> None:
         self._step = value
         self._hooks.start_step(value)
+        if self._addons:
+            self._call_addons("step_started", value, self._hooks.buf.active)
 
     def record_loss(self, loss: float | torch.Tensor) -> None:
         """Record this step's loss (a float or 0-d tensor; no device sync).
@@ -235,6 +241,8 @@ class NeuralDbg(CausalQueries):
                 self._order_pos[name] = len(self._order)
                 self._order.append(name)
         self._transfer.push(buf)
+        if self._addons:
+            self._call_addons("step_closed", buf.step, buf.active)
 
     # ---- detectors ---------------------------------------------------------------------
     def _consume(self, st: StepStats) -> None:
@@ -254,7 +262,7 @@ class NeuralDbg(CausalQueries):
             try:
                 for ev in det.update(st):
                     if self.rank is not None:
-                        ev = _with_rank(ev, self.rank)
+                        ev = dataclasses.replace(ev, rank=self.rank)
                     self._log.add(ev)
             except Exception as e:  # noqa: BLE001
                 self._report((det.name, type(e).__name__), f"detector {det.name} failed: {e!r}")
@@ -287,6 +295,10 @@ class NeuralDbg(CausalQueries):
             fn()
         except Exception as e:  # noqa: BLE001
             self._report(("internal", what, type(e).__name__), f"internal error in {what}: {e!r}")
+
+    def _call_addons(self, what: str, *args) -> None:
+        for addon in self._addons:
+            self._safe(lambda: getattr(addon, what)(self, *args), f"{type(addon).__name__}.{what}")
 
     def _report(self, key: tuple, msg: str, level: int = logging.WARNING) -> None:
         if key in self._reported:
@@ -355,24 +367,3 @@ class NeuralDbg(CausalQueries):
     def __repr__(self) -> str:
         return (f"NeuralDbg(family={self.family!r}, every={self.every}, modules={len(self._hooks.modules)}, "
                 f"step={self._step}, events={len(self._log)})")
-
-
-# ---- helpers --------------------------------------------------------------------------
-
-def _resolve_family(root: nn.Module, family: str | None) -> str:
-    return detect_family(root) if family is None else validate_family(family)
-
-
-def _dist_rank() -> tuple[int | None, int | None]:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except Exception:  # noqa: BLE001
-        pass
-    return None, None
-
-
-def _with_rank(ev: Event, rank: int) -> Event:
-    return dataclasses.replace(ev, rank=rank)
