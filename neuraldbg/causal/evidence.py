@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 # the loss-curve constants both readings share are defined once, with the signatures
-from neuraldbg.causal.signatures import (MIN_LOSS_POINTS, NON_MONOTONE_FAMILIES, START_CHANCE_FACTOR, chance_loss,
-                                         signature_evidence)
+from neuraldbg.causal.signatures import (GAME_BAND, MIN_LOSS_POINTS, NON_MONOTONE_FAMILIES, START_CHANCE_FACTOR,
+                                         chance_loss, loss_rise, signature_evidence)
 from neuraldbg.events.base import ACTIVATION, DATA, GRADIENT, OPTIMIZER, Event
 from neuraldbg.trace import Trace
 
@@ -311,15 +311,15 @@ def _loss_pattern(trace: Trace, events: list[Event]) -> tuple[str | tuple[str, .
         step = loss.first_nonfinite_step if loss.first_nonfinite_step is not None else nonfinite[0].step
         return "nonfinite", nonfinite, f"non-finite loss from step {step}"
     div = [e for e in opt if e.kind == "divergence"]
+    spikes = [e for e in opt if e.kind == "spike"]
+    if trace.family in NON_MONOTONE_FAMILIES:
+        return _game_pattern(trace, div, spikes)
     if div:
         return "divergence", div, f"loss diverges from step {div[0].step}"
-    spikes = [e for e in opt if e.kind == "spike"]
     if spikes:
         return "spike", spikes, f"loss spike at step {spikes[0].step}"
     if loss.n == 0 and not opt:
         return None, [], ""
-    if trace.family in NON_MONOTONE_FAMILIES:
-        return CALM_LOSS, [], "no loss instability (progress is not evidence for this family)"
     plateau = [e for e in opt if e.kind == "plateau"]
     if plateau:
         return "flat", plateau, f"loss plateau from step {plateau[0].step}"
@@ -332,6 +332,22 @@ def _loss_pattern(trace: Trace, events: list[Event]) -> tuple[str | tuple[str, .
     if imp < SLOW_REL:
         return "slow", [], f"loss improved only {imp:.1%} over the run"
     return "decreasing", [], f"loss improved {imp:.1%} over the run"
+
+
+def _game_pattern(trace: Trace, div: list[Event], spikes: list[Event]) -> tuple[str | tuple[str, ...] | None,
+                                                                              list[Event], str]:
+    """The loss pattern of a two-player game or an RL objective: spikes and swings are the
+    game, not instability; only a loss that leaves ``GAME_BAND`` times its starting level is
+    a blow-up (the discriminator or the critic running away)."""
+    rise = loss_rise(trace)
+    if rise is None:
+        if trace.loss.n == 0 and not (div or spikes):
+            return None, [], ""
+        return CALM_LOSS, [], "no loss instability (progress is not evidence for this family)"
+    if rise >= GAME_BAND:
+        return "divergence", div, f"loss left the game's band: {rise:.3g}x its starting level"
+    return CALM_LOSS, [], (f"loss stays within {rise:.3g}x its starting level (swings are the game "
+                           "here, progress is not evidence)")
 
 
 def _loss_start(trace: Trace) -> tuple[str, str] | None:

@@ -23,6 +23,9 @@ Cut points (module constants, reasoning in ``docs/causal_model.md``):
   median layer; the fastest layer 0.008..0.13), SGD and Adam alike. Below
   ``STEP_TINY`` in *every* layer the weights cannot move measurably in thousands of steps;
   above ``STEP_LARGE`` in the median layer every step rewrites a fifth of each weight matrix.
+  Between ``STEP_ELEVATED`` and ``STEP_LARGE`` is "elevated": five times the textbook 1e-2, where
+  small models with large learning rates still train but a fine-tune forgets and a GAN's
+  players overshoot; weaker evidence, whose weight each family's fitted table decides.
 * ``INIT_LOG10_CUT`` -- healthy models of both suites sit within 0.05 (log10) of a reference
   scale; ``0.5`` is a factor of 3.2 off *every* reference of the layer, ten times that band.
 * ``LEARNED``/``BACK``/``CEILING`` -- "back to chance": the loss had fallen below ``LEARNED`` x
@@ -40,6 +43,7 @@ from neuraldbg.events.base import DATA, GRADIENT, OPTIMIZER, Event
 from neuraldbg.trace import Trace
 
 STEP_TINY = 1e-4
+STEP_ELEVATED = 0.05
 STEP_LARGE = 0.2
 INIT_LOG10_CUT = 0.5
 LEARNED = 0.6
@@ -49,6 +53,10 @@ LOSS_TAIL = 0.2
 #: fewer recorded losses than this: progress (and a return to chance) is unknowable
 MIN_LOSS_POINTS = 20
 START_CHANCE_FACTOR = 4.0
+#: GAN and RL losses swing with the game; a loss this many times its start is a blow-up
+GAME_BAND = 50.0
+LOSS_HEAD = 0.1
+MIN_RISE_POINTS = 10
 
 #: families whose loss is not minimized monotonically: loss progress is not evidence there,
 #: and "back to chance" means nothing
@@ -64,7 +72,8 @@ def meta_float(trace: Trace, key: str) -> float | None:
 
 
 def step_size_state(peak_ratio: float | None, max_ratio: float | None = None) -> str | None:
-    """'normal', 'tiny' or 'large' from the peak update ratios (``None``: not measured).
+    """'normal', 'tiny', 'elevated' or 'large' from the peak update ratios (``None``: not
+    measured).
 
     "Tiny" reads the largest ratio of *any* layer: vanishing gradients shrink the updates of the
     input-side layers under plain SGD, but the output side still moves; a learning rate that
@@ -78,6 +87,8 @@ def step_size_state(peak_ratio: float | None, max_ratio: float | None = None) ->
         return "tiny"
     if peak_ratio > STEP_LARGE:
         return "large"
+    if peak_ratio > STEP_ELEVATED:
+        return "elevated"
     return "normal"
 
 
@@ -170,3 +181,14 @@ def signature_evidence(trace: Trace, events: list[Event]) -> tuple[dict[str, Any
         if note:
             notes["target_fault"] = note
     return obs, sup, notes
+
+
+def loss_rise(trace: Trace) -> float | None:
+    """Largest finite ``|loss|`` over the median ``|loss|`` of the first ``LOSS_HEAD`` of the run
+    (None with fewer than ``MIN_RISE_POINTS`` finite losses or a zero start)."""
+    vals = [abs(v) for _, v in trace.loss.history if v == v and abs(v) != float("inf")]
+    if len(vals) < MIN_RISE_POINTS:
+        return None
+    head = sorted(vals[:max(1, int(len(vals) * LOSS_HEAD))])
+    ref = head[len(head) // 2]
+    return max(vals) / ref if ref > 0 else None

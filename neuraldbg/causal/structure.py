@@ -222,13 +222,13 @@ NODES: tuple[Node, ...] = (
     ),
     # ---- root-cause signatures: each reads one cause's own witness, not a symptom -------
     Table(
-        "step_size", ("normal", "tiny", "large"), parents=("initialization", "learning_rate"),
+        "step_size", ("normal", "tiny", "large", "elevated"), parents=("initialization", "learning_rate"),
         rows=(
-            ({"learning_rate": "too_high"}, (0.10, 0.01, 0.89)),
-            ({"learning_rate": "too_low"}, (0.08, 0.91, 0.01)),
-            ({"initialization": "too_small"}, (0.45, 0.05, 0.50)),
-            ({"initialization": "too_large"}, (0.50, 0.45, 0.05)),
-            ({}, (0.97, 0.015, 0.015)),
+            ({"learning_rate": "too_high"}, (0.08, 0.01, 0.75, 0.16)),
+            ({"learning_rate": "too_low"}, (0.08, 0.90, 0.01, 0.01)),
+            ({"initialization": "too_small"}, (0.35, 0.05, 0.40, 0.20)),
+            ({"initialization": "too_large"}, (0.45, 0.45, 0.05, 0.05)),
+            ({}, (0.85, 0.015, 0.015, 0.12)),
         ),
         why="The update-to-weight ratio ||w_after - w_before|| / ||w_before|| per layer at its "
             "peak over the run (median over layers): the step size the optimizer actually took. "

@@ -141,7 +141,21 @@ def test_loss_pattern(losses, events, expected):
 
 def test_loss_progress_is_not_evidence_for_adversarial_families():
     assert obs(trace([], losses=flat(), family="gan"))["loss_pattern"] == E.CALM_LOSS
-    assert obs(trace([loss_event("spike", 9)], losses=flat(), family="rl"))["loss_pattern"] == "spike"
+
+
+def test_game_swings_are_not_instability_but_a_runaway_loss_is():
+    """Regression: healthy GAN/RL runs raise spike and divergence events from the game's own
+    swings; only a loss that leaves GAME_BAND x its start is a blow-up."""
+    swinging = [1.0, 2.0] * 30  # 2x swings: the game
+    assert obs(trace([loss_event("spike", 9)], losses=swinging, family="rl"))["loss_pattern"] == E.CALM_LOSS
+    assert obs(trace([loss_event("divergence", 9)], losses=swinging, family="gan"))["loss_pattern"] == E.CALM_LOSS
+    runaway = [1.0] * 30 + [10.0 ** (i / 5) for i in range(30)]  # up to ~1e6x, no event raised
+    assert obs(trace([], losses=runaway, family="gan"))["loss_pattern"] == "divergence"
+    just_inside = [1.0] * 30 + [E.GAME_BAND * 0.9] * 30
+    assert obs(trace([], losses=just_inside, family="gan"))["loss_pattern"] == E.CALM_LOSS
+    assert E.loss_rise(trace([], losses=[2.0] * 20 + [100.0] + [2.0] * 19)) == pytest.approx(50.0)
+    # too few finite points: the band cannot be read
+    assert E.loss_rise(trace([], losses=[1.0, float("nan")] * 4)) is None
 
 
 def test_loss_start():

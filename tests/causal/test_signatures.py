@@ -25,7 +25,8 @@ def trace(losses=(), meta=None, events=(), family="mlp", nonfinite_step=None):
 
 
 @pytest.mark.parametrize("ratio,state", [(None, None), (1e-8, "tiny"), (9.9e-5, "tiny"), (1e-4, "normal"),
-                                         (3e-3, "normal"), (0.1, "normal"), (0.5, "large"), (40.0, "large")])
+                                         (3e-3, "normal"), (0.05, "normal"), (0.1, "elevated"), (0.2, "elevated"),
+                                         (0.5, "large"), (40.0, "large")])
 def test_step_size_cut_points(ratio, state):
     assert G.step_size_state(ratio) == state
 
@@ -47,6 +48,15 @@ def test_back_to_chance_needs_learning_then_a_return():
     assert not G.back_to_chance(spike, ref)  # one bad batch is not a return
     blown = [ref] * 10 + [0.3 * ref] * 40 + [40 * ref] * 20
     assert not G.back_to_chance(blown, ref)  # far above chance: a blow-up, not a label fault
+
+
+@pytest.mark.parametrize("first,state", [(2.3, "normal"), (0.5, "normal"), (3.1, "normal"), (9.0, "normal"),
+                                         (9.3, "high"), (500.0, "high")])
+def test_loss_start_against_chance_level(first, state):
+    """ln 10 = 2.30: an untrained 10-way classifier starts there, a pre-trained one below, and
+    one fine-tuned on a new distribution somewhat above it; 4x above is a blown-up forward pass."""
+    tr = trace(losses=[first] + [0.5] * 29, meta={"out_features": 10})
+    assert extract(tr).observed["loss_start"] == state
 
 
 def test_signatures_read_from_trace_meta():
