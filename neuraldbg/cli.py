@@ -1,17 +1,20 @@
 """The ``neuraldbg`` command line.
 
 ``main()`` only builds the top-level parser and dispatches: each subcommand registers its
-own parser with :func:`command` (``explain`` and ``tune-priors``).
-Errors a user can fix (missing file, bad session, bad prior file) print one line on stderr
-and exit with status 1; usage errors exit with status 2 (argparse).
+own parser with :func:`command` (``explain``, ``report`` and ``tune-priors``).
+Errors in the user's input or environment (a missing or unreadable file, a bad session or
+prior file: ``OSError``, ``ValueError``) print one line on stderr, ``neuraldbg: error: ...``,
+and exit with status 1 (``--debug`` adds the traceback); usage errors exit with status 2
+(argparse). Any other exception is a bug of ours: its traceback is shown with a line asking
+for a report, and the status is 70.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import logging
-import os
 import sys
+import traceback
 from typing import Any, Callable, Sequence
 
 log = logging.getLogger("neuraldbg")
@@ -47,7 +50,7 @@ def _explain_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("-f", "--failure-type", choices=list(FAILURE_TYPES), default=None,
                    help="only hypotheses explaining this failure type, and its chain")
     p.add_argument("--priors", metavar="FILE", default=None,
-                   help="tuned prior file (default: the one recorded in the session, else the family's)")
+                   help="tuned prior file to use instead of the priors embedded in the session")
     p.add_argument("--family", default=None, help="use this family's shipped priors instead of the session's")
     p.add_argument("--floor", type=float, default=None,
                    help="reporting floor on the posterior (default: the engine's, 0.2)")
@@ -65,37 +68,30 @@ def _load(path: str) -> Any:
 
     try:
         return load_session(path)
-    except (FileNotFoundError, ValueError) as exc:
+    except OSError as exc:
+        raise UserError(str(exc) if exc.strerror is None else f"cannot read {path}: {exc.strerror}") from None
+    except ValueError as exc:
         raise UserError(str(exc)) from None
 
 
 def _priors_for(session: Any, args: argparse.Namespace) -> tuple[Any, str]:
-    """(priors argument for the engine, human-readable source)."""
+    """(priors for the engine, human-readable source): ``--priors``, ``--family``, else the
+    priors embedded in the session. A session never makes us open a path it names."""
     from neuraldbg.causal.priors import PriorError, load_priors
     from neuraldbg.vocab import FAMILIES
 
-    if args.priors:
-        try:
-            return load_priors(path=args.priors), args.priors
-        except PriorError as exc:
-            raise UserError(str(exc)) from None
-    if args.family:
-        if args.family not in FAMILIES:
-            raise UserError(f"unknown family {args.family!r}; valid: {', '.join(FAMILIES)}")
-        return load_priors(family=args.family), f"{args.family} (shipped)"
-    stored = getattr(session, "priors_path", None)
-    if stored:
-        if os.path.exists(stored):
-            try:
-                return load_priors(path=stored), stored
-            except PriorError as exc:
-                raise UserError(str(exc)) from None
-        log.warning("prior file %s recorded in the session is not here; using the %s family priors",
-                    stored, session.trace().family)
     try:
-        return load_priors(family=session.trace().family), f"{session.trace().family} (shipped)"
+        if args.priors:
+            return load_priors(path=args.priors), args.priors
+        if args.family:
+            if args.family not in FAMILIES:
+                raise UserError(f"unknown family {args.family!r}; valid: {', '.join(FAMILIES)}")
+            return load_priors(family=args.family), f"{args.family} (shipped)"
+        pri = session.priors
     except PriorError as exc:
         raise UserError(str(exc)) from None
+    shipped = getattr(session, "_priors", None) is None  # no embedded priors: a version-1 session
+    return pri, f"{pri.family} (shipped)" if shipped else pri.source
 
 
 def _merged(paths: Sequence[str]) -> Any:
@@ -193,14 +189,12 @@ def run_explain(args: argparse.Namespace) -> int:
         try:
             jobs = [(" + ".join(args.sessions), _merged(args.sessions))]
         except UserError as exc:
-            print(f"neuraldbg explain: {exc}", file=sys.stderr)
-            return 1
+            return _fail(exc, args)
     for i, (path, preloaded) in enumerate(jobs):
         try:
             rep = _report(path, args, preloaded)
-        except UserError as exc:
-            print(f"neuraldbg explain: {exc}", file=sys.stderr)
-            status = 1
+        except (UserError, OSError, ValueError) as exc:  # one line per unusable session, then go on
+            status = _fail(exc, args)
             continue
         if args.json:
             docs.append({k: v for k, v in rep.items() if not k.startswith("_")})
@@ -250,10 +244,10 @@ def run_tune(args: argparse.Namespace) -> int:
     from neuraldbg.vocab import FAMILIES
 
     if args.family not in FAMILIES:
-        print(f"neuraldbg tune-priors: unknown family {args.family!r}; valid: {', '.join(FAMILIES)}", file=sys.stderr)
+        print(f"neuraldbg: error: unknown family {args.family!r}; valid: {', '.join(FAMILIES)}", file=sys.stderr)
         return 1
     if args.folds == 1 or args.folds < 0:
-        print(f"neuraldbg tune-priors: --folds must be 0 or >= 2, got {args.folds}", file=sys.stderr)
+        print(f"neuraldbg: error: --folds must be 0 or >= 2, got {args.folds}", file=sys.stderr)
         return 1
     try:
         res = tune(args.runs, args.family, ess=args.ess, folds=args.folds, base=args.base,
@@ -261,7 +255,7 @@ def run_tune(args: argparse.Namespace) -> int:
                    criterion=args.temperature_criterion)
         path = res.write(args.out)
     except (TuneError, PriorError, OSError) as exc:
-        print(f"neuraldbg tune-priors: {exc}", file=sys.stderr)
+        print(f"neuraldbg: error: {exc}", file=sys.stderr)
         return 1
     fo = res.data["provenance"]["fitted_on"]
     print(f"Fitted {args.family} on {fo['records']} runs ({len(fo['architectures'])} architectures, "
@@ -282,6 +276,45 @@ def run_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- report -------------------------------------------------------------------------------
+
+@command("report")
+def _report_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "report", help="write a self-contained HTML report of a session",
+        description="Write one HTML page (inline SVG, no network) with the loss curve and its events, "
+                    "the layer-by-step event map, the posterior, the hypotheses with their fixes and the "
+                    "causal chain. Several sessions (one per rank of a distributed job) are merged first; "
+                    "the event map then has one facet per rank.")
+    p.add_argument("sessions", nargs="+", metavar="SESSION.json", help="exported session file(s)")
+    p.add_argument("-o", "--output", default="report.html", metavar="FILE",
+                   help="HTML file to write (default report.html)")
+    p.add_argument("--priors", metavar="FILE", default=None,
+                   help="tuned prior file (default: the one recorded in the session, else the family's)")
+    p.add_argument("--family", default=None, help="use this family's shipped priors instead of the session's")
+    p.add_argument("--title", default=None, help="page title (default: family and steps)")
+    p.set_defaults(func=run_report)
+    return p
+
+
+def run_report(args: argparse.Namespace) -> int:
+    """Write the report; 0 on success, 1 when a session, prior file or the output is unusable."""
+    from neuraldbg.report.html import write_report
+
+    try:
+        session = _merged(args.sessions) if len(args.sessions) > 1 else _load(args.sessions[0])
+        priors, _ = _priors_for(session, args)
+        path = write_report(session, args.output, priors=priors, title=args.title)
+    except UserError as exc:
+        print(f"neuraldbg report: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"neuraldbg report: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    print(f"Wrote {path}")
+    return 0
+
+
 # ---- entry point --------------------------------------------------------------------------
 
 def _log_to_stderr(level: int) -> None:
@@ -298,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one subparser per registered command."""
     parser = argparse.ArgumentParser(prog="neuraldbg", description="Tells you why a PyTorch training run failed.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in sorted(COMMANDS):
@@ -305,11 +339,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: exit status of an error that is a bug of ours, not of the input (sysexits' EX_SOFTWARE)
+EXIT_BUG = 70
+
+
+def _fail(exc: BaseException, args: Any) -> int:
+    """Report a user-facing error as one line (plus its traceback under ``--debug``); 1."""
+    if getattr(args, "debug", False):
+        traceback.print_exception(exc)
+    text = " ".join(str(exc).split("\n")).strip() or type(exc).__name__
+    print(f"neuraldbg: error: {text}", file=sys.stderr)
+    return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point: parse, dispatch to the subcommand, return its exit status."""
+    """Console entry point: parse, dispatch to the subcommand, return its exit status.
+
+    Errors in the input or environment are one line on stderr and status 1; anything else
+    is a bug of ours: its traceback, a line asking for a report, status :data:`EXIT_BUG`.
+    """
     args = build_parser().parse_args(argv)
     _log_to_stderr(logging.DEBUG if args.verbose else logging.WARNING)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except (UserError, OSError, ValueError) as exc:  # json.JSONDecodeError and SchemaError are ValueErrors
+        return _fail(exc, args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception:  # noqa: BLE001 - not the user's fault: show everything
+        traceback.print_exc()
+        print("neuraldbg: internal error: this is a bug in NeuralDBG, not in your input; please report it "
+              "with the traceback above and the command you ran", file=sys.stderr)
+        return EXIT_BUG
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -42,30 +41,43 @@ def decode_nonfinite(x: Any) -> Any:
     return decode_float(x)
 
 
-def _umask() -> int:
-    # os.umask can only be read by setting it; put it straight back
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+def _create_temp(folder: Path, name: str) -> tuple[int, str]:
+    """A new, exclusive temp file next to ``name``. Created with mode 0666 so the kernel
+    applies the umask, exactly as ``open()`` does; reading the umask (``os.umask`` can only be
+    read by setting it) would race with files other threads create meanwhile."""
+    for _ in range(100):
+        tmp = os.path.join(folder, f".{name}.{os.getpid()}.{os.urandom(6).hex()}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary file name in {folder}")
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any, *, indent: int | None = 1,
-                      sort_keys: bool = False) -> str:
+                      sort_keys: bool = False, fsync: bool = False) -> str:
     """Write ``obj`` as strict JSON to ``path`` atomically; return the path as a string.
 
     The text goes to a temporary file in the same folder, which then replaces ``path``, so a
-    crash at any moment leaves either the old file or the new one, never half of one. The
-    file gets the mode ``open()`` would give it (0666 less the umask), not ``mkstemp``'s 0600.
-    Parent folders are created. Non-finite floats raise ``ValueError``: encode them first.
+    crash at any moment leaves either the old file or the new one, never half of one (a
+    process killed mid-write may leave a ``.NAME.*.tmp`` file beside it). The file gets the
+    mode ``open()`` would give it (0666 less the umask), not ``mkstemp``'s 0600. Parent
+    folders are created. Non-finite floats raise ``ValueError``: encode them first.
+    ``fsync`` also flushes the file to the disk before the rename (autosave: a machine that
+    goes down right after a save still has it).
     """
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    fd, tmp = _create_temp(p.parent, p.name)
     try:
+        # dumps, not dump: only the one-shot encoder is C (and holds the GIL for less time)
+        text = json.dumps(obj, indent=indent, sort_keys=sort_keys, allow_nan=False)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=indent, sort_keys=sort_keys, allow_nan=False)
+            f.write(text)
             f.write("\n")
-        os.chmod(tmp, 0o666 & ~_umask())
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, p)
     except BaseException:
         try:

@@ -1,7 +1,7 @@
 """Causal queries shared by the live monitor and a session loaded from disk.
 
 Both :class:`neuraldbg.NeuralDbg` and :class:`neuraldbg.session.Session` inherit this mixin;
-each supplies a :class:`~neuraldbg.trace.Trace` and a prior source. The causal engine (and
+each supplies a :class:`~neuraldbg.trace.Trace` and a prior source (``_priors``). The causal engine (and
 pgmpy behind it) is imported lazily on the first query, never on ``import neuraldbg``.
 """
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from neuraldbg.vocab import validate_failure_type
 
 if TYPE_CHECKING:  # pragma: no cover
+    from neuraldbg.causal.priors import Priors
     from neuraldbg.causal.types import CausalChain, Coupling, Hypothesis
     from neuraldbg.trace import Trace
 
@@ -20,17 +21,36 @@ class CausalQueries:
 
     #: family name used for priors (set by subclasses)
     family: str
-    #: path of a tuned prior file, or None for the shipped family priors
+    #: path of the tuned prior file a monitor was given (informational; see ``priors``)
     priors_path: str | None = None
+    #: the validated priors the queries use; None for the family's shipped priors
+    _priors: Any = None
 
     def trace(self) -> "Trace":  # pragma: no cover - abstract
         """The events and context the queries read."""
         raise NotImplementedError
 
+    @property
+    def priors(self) -> "Priors":
+        """The :class:`~neuraldbg.causal.priors.Priors` the queries use (and exports embed)."""
+        from neuraldbg.causal.priors import load_priors
+
+        return self._priors if self._priors is not None else load_priors(family=self.family)
+
     def _engine(self) -> Any:
         from neuraldbg.causal import api
 
         return api
+
+    def _ask(self, query: str, *args: Any) -> Any:
+        from neuraldbg.causal.compiled import ImpossibleEvidence
+
+        pri = self.priors
+        try:
+            return getattr(self._engine(), query)(self.trace(), *args, priors=pri)
+        except ImpossibleEvidence as exc:  # only fitted zeros can cause it: name the priors at fault
+            raise ImpossibleEvidence(f"{exc} of {pri.source}: a table there gives this run's evidence "
+                                     "probability 0; refit it or add small probabilities") from None
 
     def posterior(self) -> dict[str, dict[str, float]]:
         """Posterior of every root-cause variable (each sums to 1) and ``P(healthy)``.
@@ -38,22 +58,22 @@ class CausalQueries:
         The result is a dict ``variable -> {state: p}``; key ``"healthy"`` holds
         ``{"yes": P(all causes ok), "no": 1 - P}`` and attribute ``p_healthy`` the same number.
         """
-        return self._engine().posterior(self.trace(), priors=self.priors_path)
+        return self._ask("posterior")
 
     def get_causal_hypotheses(self) -> list["Hypothesis"]:
         """Ranked hypotheses (highest probability first) above the reporting floor."""
-        return self._engine().hypotheses(self.trace(), priors=self.priors_path)
+        return self._ask("hypotheses")
 
     def explain_failure(self, failure_type: str | None = None) -> list["Hypothesis"]:
         """Hypotheses that explain ``failure_type`` (all of them when ``None``)."""
         if failure_type is not None:
             validate_failure_type(failure_type)
-        return self._engine().explain(self.trace(), failure_type, priors=self.priors_path)
+        return self._ask("explain", failure_type)
 
     def trace_causal_chain(self, failure_type: str) -> "CausalChain":
         """Root cause -> first event -> propagation, for one failure type."""
         validate_failure_type(failure_type)
-        return self._engine().causal_chain(self.trace(), failure_type, priors=self.priors_path)
+        return self._ask("causal_chain", failure_type)
 
     def export_aquarium_package(self, path) -> str:  # pragma: no cover - abstract
         """Write the session as one versioned JSON document (atomically); returns the path."""
@@ -66,3 +86,16 @@ class CausalQueries:
     def detect_coupled_failures(self) -> list["Coupling"]:
         """Pairs of event kinds that co-occur in a layer or adjacent layers."""
         return self._engine().couplings(self.trace())
+
+    def report(self, path) -> str:
+        """Write the self-contained HTML report of this run to ``path``; returns the path."""
+        from neuraldbg.report.html import write_report
+
+        return write_report(self, path)
+
+    def to_tensorboard(self, writer, top: int = 3) -> list[int]:
+        """Write P(healthy) and the top hypotheses per checked step, and the diagnosis as text,
+        to a TensorBoard ``SummaryWriter``; returns the steps written."""
+        from neuraldbg.report.tensorboard import to_tensorboard
+
+        return to_tensorboard(self, writer, top=top)

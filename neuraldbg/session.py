@@ -1,30 +1,61 @@
 """Exported sessions: one versioned JSON document per run, and reading it back.
 
-The schema is documented in ``docs/session_format.md``. Writes are atomic (temp file in
-the same folder, then ``os.replace``; :mod:`neuraldbg.jsonio`) so a crash never leaves a
-half-written session.
+The schema is documented in ``docs/session_format.md`` and checked by
+:func:`neuraldbg.schema.check_session`. Writes are atomic (temp file in the same folder, then
+``os.replace``; :mod:`neuraldbg.jsonio`) so a crash never leaves a half-written session. A
+session embeds the priors it was diagnosed with, so it answers the same on any machine;
+reading one never opens another path.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Any, Iterable
 
 from neuraldbg.events.base import Event
 from neuraldbg.events.compress import compress
-from neuraldbg.jsonio import decode_float, decode_nonfinite, encode_nonfinite, write_json_atomic
+from neuraldbg.jsonio import encode_nonfinite, write_json_atomic
 from neuraldbg.queries import CausalQueries
+from neuraldbg.schema import SESSION_SCHEMA, SessionFormatError, check_session, read_json
 from neuraldbg.trace import LayerInfo, LossSummary, Trace
 
-SCHEMA = "neuraldbg.session"
-SCHEMA_VERSION = 1
+log = logging.getLogger("neuraldbg")
+
+SCHEMA = SESSION_SCHEMA
+#: Version written; version 1 files (priors named by path) are still read, see load_session.
+SCHEMA_VERSION = 2
+_EMBEDDED = " (embedded)"
+#: fingerprint -> (embedded content as read, validated Priors): sessions of one run share them
+_embedded_cache: dict[str, tuple[Any, Any]] = {}
+#: (fingerprint, source) -> the priors block documents embed
+_block_cache: dict[tuple[str, str], dict] = {}
 
 
-def trace_to_dict(trace: Trace, *, config: dict | None = None, priors: str | None = None) -> dict:
-    """The JSON document of a trace (see ``docs/session_format.md``)."""
+def priors_block(priors: Any, family: str) -> dict:
+    """The ``priors`` field of a session: the validated priors themselves, their source (a
+    label, never opened again) and their fingerprint. Built once per prior source and shared
+    by the documents that embed it (autosave builds many): treat it as read-only."""
+    from neuraldbg.causal.priors import as_priors, load_priors
+
+    pri = as_priors(priors, family) or load_priors(family=family)
+    source = pri.source[:-len(_EMBEDDED)] if pri.source.endswith(_EMBEDDED) else pri.source
+    block = _block_cache.get((pri.fingerprint, source))
+    if block is None:
+        if len(_block_cache) >= 64:
+            _block_cache.clear()
+        block = {"source": source, "fingerprint": pri.fingerprint, "content": encode_nonfinite(pri.to_dict())}
+        _block_cache[(pri.fingerprint, source)] = block
+    return block
+
+
+def trace_to_dict(trace: Trace, *, config: dict | None = None, priors: Any = None) -> dict:
+    """The JSON document of a trace (see ``docs/session_format.md``). ``priors`` (a path, a
+    ``Priors`` or None for the family's shipped priors) is embedded in the document."""
     from neuraldbg import __version__
 
-    return encode_nonfinite({
+    doc = encode_nonfinite({
         "schema": SCHEMA,
         "version": SCHEMA_VERSION,
         "neuraldbg_version": __version__,
@@ -40,58 +71,87 @@ def trace_to_dict(trace: Trace, *, config: dict | None = None, priors: str | Non
                  "n_nonfinite": trace.loss.n_nonfinite, "first_nonfinite_step": trace.loss.first_nonfinite_step,
                  "history": [list(p) for p in trace.loss.history]},
         "config": config or {},
-        "priors": priors,
+        "priors": None,  # below: already JSON-ready, and the bulk of the document
         "meta": {k: (list(v) if isinstance(v, tuple) else v) for k, v in trace.meta},
     })
+    doc["priors"] = priors_block(priors, trace.family)
+    return doc
 
 
 def trace_from_dict(doc: Any, source: str = "<dict>") -> tuple[Trace, dict]:
-    """Inverse of :func:`trace_to_dict`; raises ``ValueError`` for foreign or broken documents."""
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise ValueError(f"{source} is not a NeuralDBG session (expected schema {SCHEMA!r})")
-    version = doc.get("version")
-    if version != SCHEMA_VERSION:
-        raise ValueError(f"{source} has session schema version {version!r}; this NeuralDBG reads "
-                         f"version {SCHEMA_VERSION}")
-    try:
-        # decode "nan"/"inf" strings only where numbers live: an event kind is also "nan"
-        doc = dict(doc)
-        doc["events"] = [{**e, "severity": decode_float(e.get("severity", 0.0)), "values": decode_nonfinite(e.get("values", {}))}
-                         for e in doc["events"]]
-        for k in ("loss", "meta", "config"):
-            if k in doc:
-                doc[k] = decode_nonfinite(doc[k])
-        layers = tuple(LayerInfo(name=l["name"], type=l["type"], index=int(l["index"]),
-                                 n_params=int(l.get("n_params", 0))) for l in doc["model"]["layers"])
-        events = tuple(Event.from_dict(e) for e in doc["events"])
-        lo = doc.get("loss") or {}
-        loss = LossSummary(n=int(lo.get("n", 0)), first=lo.get("first"), last=lo.get("last"), min=lo.get("min"),
-                           n_nonfinite=int(lo.get("n_nonfinite", 0)),
-                           first_nonfinite_step=lo.get("first_nonfinite_step"),
-                           history=tuple((int(s), float(v)) for s, v in lo.get("history", [])))
-        meta = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in (doc.get("meta") or {}).items()))
-        trace = Trace(events=events, layers=layers, family=doc["family"], first_step=int(doc["steps"]["first"]),
-                      last_step=int(doc["steps"]["last"]), loss=loss, rank=doc.get("rank"),
-                      world_size=doc.get("world_size"), meta=meta)
-    except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"{source} is a damaged NeuralDBG session: {e!r}") from e
-    return trace, doc
+    """Inverse of :func:`trace_to_dict`: the trace and the checked, normalized document.
+
+    Raises :class:`~neuraldbg.schema.SessionFormatError` (a ``ValueError``) naming ``source``
+    and the field for a foreign, broken or out-of-range document.
+    """
+    d = check_session(doc, source)
+    lo = d["loss"]
+    trace = Trace(events=tuple(Event.from_dict(e) for e in d["events"]),
+                  layers=tuple(LayerInfo(**l) for l in d["model"]["layers"]), family=d["family"],
+                  first_step=d["steps"]["first"], last_step=d["steps"]["last"],
+                  loss=LossSummary(n=lo["n"], first=lo["first"], last=lo["last"], min=lo["min"],
+                                   n_nonfinite=lo["n_nonfinite"], first_nonfinite_step=lo["first_nonfinite_step"],
+                                   history=tuple(lo["history"])),
+                  rank=d["rank"], world_size=d["world_size"],
+                  meta=tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in d["meta"].items())))
+    return trace, d
 
 
-def export_trace(trace: Trace, path, *, config: dict | None = None, priors: str | None = None) -> str:
+def embedded_priors(doc: dict, source: str = "<dict>") -> Any:
+    """The ``Priors`` a checked session document carries (None: the family's shipped priors).
+
+    A version-1 session names a prior *path*; it is never followed (a session must answer the
+    same on every machine): a warning is logged and the shipped priors of its family are used.
+    ``load_session(path, priors=...)`` or ``neuraldbg explain --priors`` override.
+    """
+    from neuraldbg.causal.priors import validate
+
+    block = doc.get("priors")
+    if block is None:
+        return None
+    if isinstance(block, str):
+        log.warning("neuraldbg: %s (session version 1) names the prior file %s, which is not opened; using "
+                    "the shipped %s priors (pass priors= or --priors to use that file)",
+                    source, block, doc.get("family"))
+        return None
+    # the very same content as one validated before (compared as JSON text: 1, 1.0 and true
+    # differ there, as they do for the checks) need not be validated again
+    text = json.dumps(block["content"], sort_keys=True)
+    hit = _embedded_cache.get(block["fingerprint"])
+    if hit is not None and hit[0] == text:
+        return dataclasses.replace(hit[1], source=block["source"] + _EMBEDDED)
+    pri = validate(block["content"], source=source, error=SessionFormatError, prefix="priors.content")
+    if pri.fingerprint != block["fingerprint"]:
+        raise SessionFormatError(f"{source}: priors.fingerprint: {block['fingerprint']} does not match the "
+                                 f"embedded priors ({pri.fingerprint}); the priors were edited", file=source,
+                                 field="priors.fingerprint")
+    if len(_embedded_cache) >= 64:
+        _embedded_cache.clear()
+    _embedded_cache[pri.fingerprint] = (text, pri)
+    return dataclasses.replace(pri, source=block["source"] + _EMBEDDED)
+
+
+def export_trace(trace: Trace, path, *, config: dict | None = None, priors: Any = None) -> str:
     """Write ``trace`` to ``path`` atomically; returns the path as a string."""
     return write_json_atomic(path, trace_to_dict(trace, config=config, priors=priors))
 
 
 class Session(CausalQueries):
-    """A session read back from disk: the same queries as the live monitor, offline."""
+    """A session read back from disk: the same queries as the live monitor, offline.
 
-    def __init__(self, trace: Trace, doc: dict | None = None, path: str | None = None) -> None:
+    ``priors`` is the ``Priors`` the queries use; by default the ones embedded in ``doc``.
+    """
+
+    def __init__(self, trace: Trace, doc: dict | None = None, path: str | None = None, priors: Any = None) -> None:
         self._trace = trace
         self.doc = doc or {}
         self.path = path
         self.family = trace.family
-        self.priors_path = self.doc.get("priors")
+        if priors is None and isinstance(self.doc.get("priors"), dict):
+            priors = embedded_priors(self.doc, path or "<session>")
+        from neuraldbg.causal.priors import as_priors
+
+        self._priors = as_priors(priors, trace.family)
 
     def trace(self) -> Trace:
         """The stored trace."""
@@ -107,8 +167,8 @@ class Session(CausalQueries):
         return events_frame(self._trace.events)
 
     def export_aquarium_package(self, path) -> str:
-        """Write this session again (e.g. after merging); returns the path."""
-        return export_trace(self._trace, path, config=self.doc.get("config"), priors=self.priors_path)
+        """Write this session again (e.g. after merging), with its priors; returns the path."""
+        return export_trace(self._trace, path, config=self.doc.get("config"), priors=self._priors)
 
     def __repr__(self) -> str:
         return f"Session(family={self.family!r}, events={len(self._trace.events)}, path={self.path!r})"
@@ -120,19 +180,24 @@ def save_session(session: Any, path) -> str:
     return session.export_aquarium_package(path)
 
 
-def load_session(path) -> Session:
-    """Read a session written by ``export_aquarium_package``; clear errors for bad files."""
+def load_session(path, priors: Any = None) -> Session:
+    """Read a session written by ``export_aquarium_package``.
+
+    Its queries use the priors embedded in the file unless ``priors`` (a prior file path or a
+    ``Priors``) overrides them. A missing or unreadable file raises ``OSError``
+    (``FileNotFoundError``, ``PermissionError``, ...); any file that is not a valid session
+    raises :class:`~neuraldbg.schema.SessionFormatError` (a ``ValueError``) naming the file
+    and the field. Nothing named inside the file is ever opened.
+    """
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise FileNotFoundError(f"no session file at {p}")
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{p} is not valid JSON (truncated or not a NeuralDBG session): {e}") from e
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{p} is not a text file, so not a NeuralDBG session") from e
-    trace, doc = trace_from_dict(doc, source=str(p))
-    return Session(trace, doc, str(p))
+    if p.is_dir():
+        raise IsADirectoryError(f"{p} is a directory, not a session file")
+    trace, doc = trace_from_dict(read_json(p, SessionFormatError, "NeuralDBG session"), source=str(p))
+    if priors is None:
+        priors = embedded_priors(doc, str(p))
+    return Session(trace, doc, str(p), priors=priors)
 
 
 def events_frame(events: Iterable[Event]):

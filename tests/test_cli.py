@@ -184,3 +184,102 @@ def test_explain_merge_with_a_bad_file_fails_cleanly(tmp_path, capsys):
     bad.write_text("{")
     assert cli.main(["explain", "--merge", _rank_session(tmp_path, 0, True), str(bad)]) == 1
     assert "not valid JSON" in capsys.readouterr().err
+
+
+# ---- one line for the user's errors, a traceback for ours ---------------------------------------
+
+def _one_error_line(err):
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("neuraldbg: error: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda d: d.update(loss=[1]), "loss: expected an object"),
+    (lambda d: d["events"][0].update(step=3.7), "events[0].step: expected an integer"),
+    (lambda d: d["events"][0].update(layer=["fc1"]), "events[0].layer: expected a string or null"),
+    (lambda d: d.update(priors=3), "priors: expected an object"),
+])
+def test_bad_sessions_are_one_line_with_the_field(tmp_path, capsys, mutate, message):
+    doc = json.loads(Path(nan_session(tmp_path)).read_text())
+    mutate(doc)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    assert cli.main(["explain", str(bad)]) == 1
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"{bad}: {message}" in line
+
+
+def test_unreadable_and_deep_files_are_one_line(tmp_path, capsys, monkeypatch):
+    import neuraldbg.session as S
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    assert cli.main(["explain", str(deep)]) == 1
+    assert "nested deeper than" in _one_error_line(capsys.readouterr().err)
+    assert cli.main(["explain", str(tmp_path)]) == 1
+    assert "is a directory" in _one_error_line(capsys.readouterr().err)
+    s = nan_session(tmp_path)
+
+    def denied(path, *a, **k):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(S, "read_json", denied)
+    assert cli.main(["explain", s]) == 1
+    assert _one_error_line(capsys.readouterr().err) == f"neuraldbg: error: cannot read {s}: Permission denied"
+
+
+def test_debug_shows_the_traceback(tmp_path, capsys):
+    assert cli.main(["--debug", "explain", str(tmp_path / "none.json")]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("neuraldbg: error: no session file")
+
+
+def test_a_bug_of_ours_shows_the_traceback_and_asks_for_a_report(tmp_path, capsys, monkeypatch):
+    def broken(args):
+        raise KeyError("oops")
+
+    monkeypatch.setattr(cli, "run_explain", broken)
+    assert cli.main(["explain", nan_session(tmp_path)]) == cli.EXIT_BUG == 70
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "KeyError: 'oops'" in err and "please report it" in err
+
+
+def test_session_priors_are_embedded_and_never_a_path_followed(tmp_path, capsys, caplog):
+    from neuraldbg.causal.priors import load_priors
+
+    s = nan_session(tmp_path)
+    assert cli.main(["explain", s]) == 0
+    assert "priors mlp.json (embedded)" in capsys.readouterr().out
+    doc = json.loads(Path(s).read_text())
+    doc["version"], doc["priors"] = 1, "/no/such/priors.json"  # an old session naming a path
+    old = tmp_path / "v1.json"
+    old.write_text(json.dumps(doc))
+    with caplog.at_level("WARNING", logger="neuraldbg"):
+        assert cli.main(["explain", str(old)]) == 0
+    assert "priors mlp (shipped)" in capsys.readouterr().out and "is not opened" in caplog.text
+    pri = tmp_path / "tuned.json"
+    pri.write_text(json.dumps(load_priors("rnn").to_dict()))
+    assert cli.main(["explain", str(old), "--priors", str(pri)]) == 0  # --priors is the override
+    assert f"priors {pri}" in capsys.readouterr().out
+
+
+def test_a_bad_session_among_several_is_reported_and_the_rest_explained(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert cli.main(["explain", str(bad), nan_session(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert "not a NeuralDBG session" in _one_error_line(captured.err)
+    assert "data is corrupted" in captured.out
+
+
+def test_the_installed_entry_point_prints_one_line_for_a_bad_file(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "neuraldbg.session", "version": 2, "loss": [1]}')
+    out = subprocess.run([sys.executable, "-m", "neuraldbg.cli", "explain", str(bad)], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [f"neuraldbg: error: {bad}: missing required field "
+                                               "'neuraldbg_version'; required: schema, version, neuraldbg_version, "
+                                               "family, rank, world_size, steps, model, events, loss, config, priors, "
+                                               "meta"]

@@ -36,7 +36,7 @@ def test_export_then_load_gives_equal_events(tmp_path_factory, events):
 def test_file_is_strict_json_and_versioned(tmp_path):
     p = export_trace(trace_of([]), tmp_path / "a.json")
     doc = json.loads(open(p).read())  # strict JSON: NaN is encoded as a string
-    assert doc["schema"] == "neuraldbg.session" and doc["version"] == 1
+    assert doc["schema"] == "neuraldbg.session" and doc["version"] == 2
     assert not list(tmp_path.glob(".*tmp"))  # no temp file left behind
 
 
@@ -56,6 +56,8 @@ def test_truncated_foreign_and_future_files_fail_clearly(tmp_path):
         load_session(tmp_path / "v.json")
     with pytest.raises(FileNotFoundError):
         load_session(tmp_path / "missing.json")
+    with pytest.raises(IsADirectoryError):
+        load_session(tmp_path)
 
 
 def test_events_frame_columns():
@@ -65,3 +67,96 @@ def test_events_frame_columns():
     assert list(df.columns[:8]) == ["type", "kind", "layer", "step", "end_step", "count", "severity", "rank"]
     assert df.loc[0, "value_nan_count"] == 2
     assert list(events_frame([]).columns)[:3] == ["type", "kind", "layer"]
+
+
+# ---- priors travel inside the session -------------------------------------------------------
+
+def _tuned(tmp_path, family="mlp", ok=0.6):
+    from neuraldbg.causal.priors import load_priors
+
+    doc = load_priors(family).to_dict()
+    doc["roots"]["learning_rate"] = {"ok": ok, "too_high": (1 - ok) / 2, "too_low": (1 - ok) / 2}
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_session_embeds_its_priors_and_answers_the_same_without_the_file(tmp_path):
+    from neuraldbg.causal.priors import load_priors
+
+    tuned = _tuned(tmp_path)
+    ev = [Event(OPTIMIZER, "divergence", None, 40, end_step=60, values={"nonfinite": 0.0})]
+    p = export_trace(trace_of(ev), tmp_path / "s.json", priors=str(tuned))
+    doc = json.loads(open(p).read())
+    assert doc["priors"]["source"] == str(tuned) and doc["priors"]["content"]["roots"]["learning_rate"]["ok"] == 0.6
+    before = load_session(p).posterior()
+    tuned.unlink()  # another machine: the tuned file is not there
+    s = load_session(p)
+    assert s.priors.fingerprint != load_priors("mlp").fingerprint
+    after = s.posterior()
+    assert after["learning_rate"] == before["learning_rate"]
+    assert s.priors.source == f"{tuned} (embedded)"
+    # the shipped priors give another answer, so the embedded ones were really used
+    shipped = load_session(p, priors=load_priors("mlp")).posterior()
+    assert shipped["learning_rate"] != after["learning_rate"]
+
+
+def test_a_version_1_session_naming_a_prior_path_never_opens_it(tmp_path, caplog, monkeypatch):
+    p = export_trace(trace_of([]), tmp_path / "s.json")
+    doc = json.loads(open(p).read())
+    doc["version"], doc["priors"] = 1, str(_tuned(tmp_path))
+    (tmp_path / "v1.json").write_text(json.dumps(doc))
+    opened = []
+    real_open = open
+
+    def spy(file, *a, **k):
+        opened.append(str(file))
+        return real_open(file, *a, **k)
+
+    monkeypatch.setattr("builtins.open", spy)
+    with caplog.at_level("WARNING", logger="neuraldbg"):
+        s = load_session(tmp_path / "v1.json")
+        s.posterior()
+    monkeypatch.undo()
+    assert str(tmp_path / "tuned.json") not in opened
+    assert "is not opened; using the shipped mlp priors" in caplog.text
+    assert s.priors.source == "mlp.json"
+
+
+def test_edited_embedded_priors_are_refused(tmp_path):
+    p = export_trace(trace_of([]), tmp_path / "s.json")
+    doc = json.loads(open(p).read())
+    doc["priors"]["content"]["roots"]["data"] = {"ok": 0.5, "corrupted": 0.25, "shifted": 0.25}
+    (tmp_path / "e.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"e.json: priors.fingerprint: .* does not match"):
+        load_session(tmp_path / "e.json")
+    doc["priors"]["content"]["roots"]["data"] = {"ok": 1.5, "corrupted": 0.25, "shifted": 0.25}
+    (tmp_path / "e.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"e.json: priors.content.roots.data.ok: probability 1.5"):
+        load_session(tmp_path / "e.json")
+
+
+def test_the_monitor_validates_priors_at_construction_and_embeds_them(tmp_path):
+    import torch
+    from torch import nn
+
+    from neuraldbg import NeuralDbg
+    from neuraldbg.causal.priors import PriorError
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    with pytest.raises(PriorError, match="typo.json: prior file not found"):
+        NeuralDbg(model, priors=tmp_path / "typo.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.raises(PriorError, match="not valid JSON"):
+        NeuralDbg(model, priors=bad)
+    with pytest.raises(TypeError, match="priors must be a path"):
+        NeuralDbg(model, priors=3)
+    tuned = _tuned(tmp_path)
+    dbg = NeuralDbg(model, priors=str(tuned))
+    assert dbg.priors_path == str(tuned) and dbg.priors.roots["learning_rate"]["ok"] == pytest.approx(0.6)
+    with dbg:
+        for _ in range(3):
+            dbg.record_loss(model(torch.randn(5, 4)).square().mean())
+    s = load_session(dbg.export_aquarium_package(tmp_path / "run.json"))
+    assert s.priors.fingerprint == dbg.priors.fingerprint

@@ -16,8 +16,9 @@ Schema (version 1)::
       }
     }
 
-Every violation raises :class:`PriorError` naming the file, the field and what is valid.
-Loading is cached (per family; per path, size and modification time).
+Every violation raises :class:`PriorError` naming the file, the field and what is valid; the
+checks live in :mod:`neuraldbg.schema`, shared with session files. Loading is cached (per
+family; per path, size and modification time).
 """
 from __future__ import annotations
 
@@ -31,22 +32,17 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
+from neuraldbg.schema import (FILE_SUM_TOL, PRIOR_SCHEMA_VERSION, Checker, PriorError, SchemaError,  # noqa: F401
+                              check_priors, read_json)
 from neuraldbg.causal.structure import NODE_BY_NAME, states_of
-from neuraldbg.vocab import DEFAULT_FAMILY, FAMILIES, ROOTS
+from neuraldbg.vocab import DEFAULT_FAMILY, FAMILIES
 
 log = logging.getLogger("neuraldbg")
 
 #: Prior-file schema this version reads and writes.
-SCHEMA_VERSION = 1
-#: Tolerance on sums in a file; the values are then renormalized exactly.
-FILE_SUM_TOL = 1e-6
-
-_TOP_KEYS = {"schema_version", "family", "description", "provenance", "roots", "reasoning",
-             "temperature", "cpds"}
-
-
-class PriorError(ValueError):
-    """A prior file is missing, unreadable or invalid."""
+SCHEMA_VERSION = PRIOR_SCHEMA_VERSION
+__all__ = ["FILE_SUM_TOL", "PriorError", "Priors", "SCHEMA_VERSION", "as_priors", "load_priors", "read",
+           "validate"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -88,130 +84,68 @@ def _rounded(x: Any) -> Any:
     return x
 
 
-def _fail(where: str, msg: str) -> PriorError:
-    return PriorError(f"{where}: {msg}")
+def validate(data: Any, source: str = "<dict>", family: str | None = None, *,
+             error: type[SchemaError] = PriorError, prefix: str = "") -> Priors:
+    """Check a parsed prior file and return :class:`Priors`; raise :class:`PriorError`.
 
-
-def _number(where: str, x: Any) -> float:
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-        raise _fail(where, f"expected a finite number, got {x!r}")
-    return float(x)
-
-
-def validate(data: Any, source: str = "<dict>", family: str | None = None) -> Priors:
-    """Check a parsed prior file and return :class:`Priors`; raise :class:`PriorError`."""
-    if not isinstance(data, Mapping):
-        raise _fail(source, f"expected a JSON object at top level, got {type(data).__name__}")
-    unknown = set(data) - _TOP_KEYS
-    if unknown:
-        raise _fail(source, f"unknown keys {sorted(unknown)}; valid: {sorted(_TOP_KEYS)}")
-    version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise _fail(source, f"schema_version {version!r} is not supported; this neuraldbg reads "
-                            f"schema_version {SCHEMA_VERSION}")
-    fam = data.get("family")
-    if fam not in FAMILIES:
-        raise _fail(source, f"family {fam!r} is not valid; valid: {', '.join(FAMILIES)}")
-    if family is not None and fam != family:
-        raise _fail(source, f"file is for family {fam!r}, expected {family!r}")
-
-    roots_in = data.get("roots")
-    if not isinstance(roots_in, Mapping):
-        raise _fail(source, "missing 'roots' object (variable -> {state: probability})")
-    missing, extra = set(ROOTS) - set(roots_in), set(roots_in) - set(ROOTS)
-    if missing or extra:
-        raise _fail(source, f"roots must name exactly {sorted(ROOTS)}; "
-                            f"missing {sorted(missing)}, unknown {sorted(extra)}")
-    roots: dict[str, dict[str, float]] = {}
-    for var, states in ROOTS.items():
-        dist = roots_in[var]
-        where = f"{source}: roots.{var}"
-        if not isinstance(dist, Mapping):
-            raise PriorError(f"{where}: expected an object state -> probability")
-        if set(dist) != set(states):
-            raise PriorError(f"{where}: states {sorted(dist)} are not valid; valid: {list(states)}")
-        vals = {s: _number(f"{where}.{s}", dist[s]) for s in states}
-        for s, p in vals.items():
-            if not 0 < p < 1:
-                raise PriorError(f"{where}.{s}: probability {p} must be strictly between 0 and 1 "
-                                 "(a zero prior makes that state impossible whatever the evidence)")
-        total = sum(vals.values())
-        if abs(total - 1) > FILE_SUM_TOL:
-            raise PriorError(f"{where}: probabilities sum to {total:.9g}, not 1")
-        roots[var] = {s: p / total for s, p in vals.items()}
-
-    temperature = _number(f"{source}: temperature", data.get("temperature", 1.0))
-    if temperature <= 0:
-        raise _fail(source, f"temperature must be > 0, got {temperature}")
-
-    cpds = _validate_cpds(data.get("cpds", {}) or {}, source)
-    prov = data.get("provenance", {}) or {}
-    if not isinstance(prov, Mapping):
-        raise _fail(source, "provenance must be an object")
-    reasoning = data.get("reasoning", {}) or {}
-    if not isinstance(reasoning, Mapping):
-        raise _fail(source, "reasoning must be an object variable -> text")
-
+    The checks are :func:`neuraldbg.schema.check_priors` plus one that needs the whole
+    network: every state of every non-root node must be possible under the priors.
+    ``error`` and ``prefix`` report the fields of priors embedded in a larger document.
+    """
+    d = check_priors(data, source, family, nodes=NODE_BY_NAME, states_of=states_of, error=error, prefix=prefix)
+    _check_possible(d["roots"], d["cpds"], Checker(source, error, prefix))
     # rounded: renormalizing columns on every load moves the last bits, and a file must keep
     # its fingerprint through a to_dict()/validate() round trip
-    canon = json.dumps(_rounded({"roots": roots, "cpds": cpds, "temperature": temperature}), sort_keys=True)
-    return Priors(family=fam, roots=roots, source=source, cpds=cpds, temperature=temperature,
-                  provenance=dict(prov), reasoning=dict(reasoning), schema_version=version,
-                  fingerprint=hashlib.sha1(canon.encode()).hexdigest())
+    canon = json.dumps(_rounded({"roots": d["roots"], "cpds": d["cpds"], "temperature": d["temperature"]}),
+                       sort_keys=True)
+    return Priors(family=d["family"], roots=d["roots"], source=source, cpds=d["cpds"],
+                  temperature=d["temperature"], provenance=d["provenance"], reasoning=d["reasoning"],
+                  schema_version=d["schema_version"], fingerprint=hashlib.sha1(canon.encode()).hexdigest())
 
 
-def _validate_cpds(cpds_in: Any, source: str) -> dict[str, dict[str, Any]]:
-    if not isinstance(cpds_in, Mapping):
-        raise _fail(source, "cpds must be an object node -> table")
-    out = {}
-    for node, spec in cpds_in.items():
-        where = f"{source}: cpds.{node}"
-        if node not in NODE_BY_NAME:
-            raise PriorError(f"{where}: no such non-root node; valid: {', '.join(NODE_BY_NAME)}")
-        decl = NODE_BY_NAME[node]
-        if not isinstance(spec, Mapping) or "values" not in spec:
-            raise PriorError(f"{where}: expected an object with 'parents', 'states' and 'values'")
-        parents = list(spec.get("parents", decl.parents))
-        if parents != list(decl.parents):
-            raise PriorError(f"{where}: parents {parents} must be {list(decl.parents)} (sorted)")
-        states = list(spec.get("states", decl.states))
-        if states != list(decl.states):
-            raise PriorError(f"{where}: states {states} must be {list(decl.states)}")
-        n_cols = math.prod(len(states_of(p)) for p in parents)
-        rows = spec["values"]
-        if (not isinstance(rows, list) or len(rows) != len(states)
-                or any(not isinstance(r, list) or len(r) != n_cols for r in rows)):
-            raise PriorError(f"{where}: values must be a {len(states)} x {n_cols} list of lists "
-                             "(rows: states; columns: parent configurations, last parent fastest)")
-        vals = [[_number(f"{where}.values[{i}][{j}]", x) for j, x in enumerate(r)] for i, r in enumerate(rows)]
-        fixed = [[0.0] * n_cols for _ in states]
-        for j in range(n_cols):
-            col = [vals[i][j] for i in range(len(states))]
-            if min(col) < 0:
-                raise PriorError(f"{where}: column {j} has a negative probability")
-            total = sum(col)
-            if abs(total - 1) > FILE_SUM_TOL:
-                raise PriorError(f"{where}: column {j} sums to {total:.9g}, not 1")
-            for i in range(len(states)):
-                fixed[i][j] = col[i] / total
-        out[node] = {"parents": parents, "states": states, "values": fixed}
-    return out
+def _check_possible(roots: Mapping, cpds: Mapping, c: Checker) -> None:
+    """A state whose every supporting parent configuration has prior probability 0 (through
+    the latent mechanisms) would make any run that shows it "impossible evidence"."""
+    import numpy as np
+
+    from neuraldbg.causal.compiled import CompiledNetwork
+    from neuraldbg.causal.cpd import build_cpds
+    from neuraldbg.causal.structure import EVIDENCE_NAMES, LATENT_NAMES
+
+    net = CompiledNetwork(build_cpds(roots, cpds))
+    for v in LATENT_NAMES:
+        for i, s in enumerate(net.states[v]):
+            if not np.isfinite(net.log_prior[net.index[v] == i]).any():
+                raise c.fail(f"cpds.{v}", f"state {s!r} of {v} has probability 0 under the priors")
+    for e, table in zip(EVIDENCE_NAMES, net.log_tables):
+        best = np.max(net.log_prior[:, None] + table[:, :-1], axis=0)
+        for s, b in zip(net.states[e], best):
+            if not np.isfinite(b):
+                raise c.fail(f"cpds.{e}", f"state {s!r} of {e} has probability 0 under the priors (it is "
+                                          "possible only where its parents' states are impossible)")
 
 
 def read(path: str | os.PathLike, family: str | None = None) -> Priors:
     """Read and validate one prior file (no cache)."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        data = read_json(p, PriorError, "prior file")
     except FileNotFoundError:
-        raise PriorError(f"{p}: prior file not found") from None
+        raise PriorError(f"{p}: prior file not found", file=str(p)) from None
     except OSError as exc:
-        raise PriorError(f"{p}: cannot read prior file ({exc})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PriorError(f"{p}: not valid JSON ({exc})") from None
+        raise PriorError(f"{p}: cannot read prior file ({exc})", file=str(p)) from None
     return validate(data, source=str(p), family=family)
+
+
+def as_priors(priors: Any, family: str | None = None) -> Priors | None:
+    """A monitor's ``priors=`` argument checked now: a path is read and validated (so a typo
+    fails at construction, not at the first query hours later), a :class:`Priors` is kept,
+    ``None`` stays None (the family's shipped priors)."""
+    if priors is None or isinstance(priors, Priors):
+        return priors
+    if isinstance(priors, (str, os.PathLike)):
+        return load_priors(family=family, path=priors)
+    raise TypeError(f"priors must be a path, a Priors or None, got {type(priors).__name__}")
 
 
 _family_cache: dict[str, Priors] = {}
@@ -234,7 +168,7 @@ def load_priors(family: str | None = None, path: str | os.PathLike | None = None
         key = (real, st.st_mtime_ns, st.st_size)
         pri = _path_cache.get(key)
         if pri is None:
-            pri = read(real)
+            pri = read(path)
             _path_cache[key] = pri
         if family is not None and family != pri.family:
             log.warning("prior file %s is for family %r, used for a %r run", path, pri.family, family)

@@ -1,0 +1,47 @@
+"""What ``record_loss`` accepts: any real scalar, checked without a device sync.
+
+Python numbers (``numbers.Real``: int, float, Fraction, ...), numpy real scalars of any dtype,
+numpy arrays and torch tensors holding exactly one element of a real dtype. Complex and
+boolean values, and anything that is not a number, raise ``TypeError``; more than one
+element raises ``ValueError``. A tensor is kept on its device (detached) and read with the
+step's other statistics; nothing here waits for the device.
+"""
+from __future__ import annotations
+
+import numbers
+import sys
+from typing import Any
+
+import torch
+
+_VALID = ("a real scalar: a float or a 0-d tensor (any Python real number, numpy real scalar or "
+          "one-element array, or one-element tensor of a real dtype)")
+
+
+def loss_value(loss: Any) -> float | torch.Tensor:
+    """``loss`` as a float or a detached 0-d tensor; ``TypeError``/``ValueError`` otherwise."""
+    if isinstance(loss, torch.Tensor):
+        if loss.is_complex() or loss.dtype == torch.bool:
+            raise TypeError(f"record_loss expects {_VALID}; got a tensor of dtype {loss.dtype}")
+        if loss.numel() != 1:
+            raise ValueError(f"record_loss expects a scalar loss, got a tensor of shape {tuple(loss.shape)}")
+        return loss.detach().reshape(())
+    if isinstance(loss, bool):
+        raise TypeError(f"record_loss expects {_VALID}; got the bool {loss!r}")
+    if isinstance(loss, numbers.Real) and not _is_numpy(loss):
+        return float(loss)
+    np = sys.modules.get("numpy")  # a numpy value implies numpy is loaded: never import it here
+    if np is not None and isinstance(loss, (np.ndarray, np.generic)):
+        kind = np.asarray(loss).dtype.kind
+        if kind not in "iuf":  # signed, unsigned, floating: not bool, complex, object or text
+            raise TypeError(f"record_loss expects {_VALID}; got a numpy value of dtype {np.asarray(loss).dtype}")
+        if np.size(loss) != 1:
+            raise ValueError(f"record_loss expects a scalar loss, got an array of shape {np.shape(loss)}")
+        return float(np.asarray(loss).reshape(()))
+    raise TypeError(f"record_loss expects {_VALID}; got {type(loss).__name__}")
+
+
+def _is_numpy(x: Any) -> bool:
+    # np.float64 subclasses float and np.bool_ registers as nothing; route every numpy value
+    # through the dtype check so np.float64(nan) and np.float32 behave the same
+    return type(x).__module__ == "numpy"

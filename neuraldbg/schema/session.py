@@ -1,0 +1,168 @@
+"""The session schema (``docs/session_format.md``)."""
+from __future__ import annotations
+
+from typing import Any
+
+from neuraldbg.schema.base import SESSION_SCHEMA, SESSION_VERSIONS, Checker, SessionFormatError, join, show
+from neuraldbg.vocab import EVENT_KINDS, EVENT_TYPES, FAMILIES
+
+_SESSION_REQUIRED = ("schema", "version", "neuraldbg_version", "family", "rank", "world_size", "steps",
+                     "model", "events", "loss", "config", "priors", "meta")
+_EVENT_OPTIONAL = ("layer", "end_step", "count", "severity", "values", "rank")
+_LOSS_KEYS = ("n", "first", "last", "min", "n_nonfinite", "first_nonfinite_step", "history")
+_META_INT = {"every": 1}  # key -> smallest valid value
+_META_STR = ("optimizer",)
+_META_NUMBER_LISTS = ("lr",)
+_META_INT_LISTS = ("merged_ranks",)
+
+
+def check_session(doc: Any, file: str = "<dict>") -> dict:
+    """Validate a parsed session document; return it normalized (see ``docs/session_format.md``).
+
+    The result holds the same keys with numbers decoded, every event field filled in, and
+    ``priors`` either None, a path string (version 1, never opened) or the embedded block.
+    """
+    c = Checker(file)
+    if not isinstance(doc, dict) or doc.get("schema") != SESSION_SCHEMA:
+        raise SessionFormatError(f"{file} is not a NeuralDBG session (expected schema {SESSION_SCHEMA!r})",
+                                 file=file)
+    version = doc.get("version")
+    if type(version) is not int or version not in SESSION_VERSIONS:
+        raise SessionFormatError(f"{file} has session schema version {version!r}; this NeuralDBG reads "
+                                 f"versions {', '.join(map(str, SESSION_VERSIONS))}", file=file, field="version")
+    c.obj(doc, "", _SESSION_REQUIRED, ("propagation",))
+    out: dict[str, Any] = {"schema": SESSION_SCHEMA, "version": version,
+                           "neuraldbg_version": c.string(doc["neuraldbg_version"], "neuraldbg_version"),
+                           "family": c.string(doc["family"], "family", FAMILIES),
+                           "rank": c.integer(doc["rank"], "rank", 0, null=True),
+                           "world_size": c.integer(doc["world_size"], "world_size", 1, null=True)}
+    steps = c.obj(doc["steps"], "steps", ("first", "last"))
+    first = c.integer(steps["first"], "steps.first")
+    out["steps"] = {"first": first, "last": c.integer(steps["last"], "steps.last", first)}
+    model = c.obj(doc["model"], "model", ("layers",))
+    out["model"] = {"layers": _layers(c, model["layers"])}
+    out["events"] = [_event(c, e, join("events", i)) for i, e in enumerate(c.array(doc["events"], "events"))]
+    if "propagation" in doc:
+        for i, p in enumerate(c.array(doc["propagation"], "propagation")):
+            _propagation(c, p, join("propagation", i))
+    out["loss"] = _loss(c, doc["loss"])
+    out["config"] = _config(c, doc["config"])
+    out["meta"] = _meta(c, doc["meta"])
+    pri = doc["priors"]
+    if version == 1:
+        out["priors"] = c.string(pri, "priors", null=True)
+    else:
+        block = c.obj(pri, "priors", ("source", "fingerprint", "content"))
+        c.string(block["source"], "priors.source")
+        fp = c.string(block["fingerprint"], "priors.fingerprint")
+        if len(fp) != 40 or any(ch not in "0123456789abcdef" for ch in fp):
+            raise c.fail("priors.fingerprint", f"{show(fp)} is not valid; valid: 40 lowercase hex digits")
+        out["priors"] = {"source": block["source"], "fingerprint": fp, "content": block["content"]}
+    return out
+
+
+def _layers(c: Checker, layers: Any) -> list[dict]:
+    out, seen = [], set()
+    for i, l in enumerate(c.array(layers, "model.layers")):
+        path = join("model.layers", i)
+        c.obj(l, path, ("name", "type", "index"), ("n_params",))
+        name = c.string(l["name"], join(path, "name"))
+        if name in seen:
+            raise c.fail(join(path, "name"), f"layer {show(name)} is listed twice; layer names are unique")
+        seen.add(name)
+        out.append({"name": name, "type": c.string(l["type"], join(path, "type")),
+                    "index": c.integer(l["index"], join(path, "index"), 0),
+                    "n_params": c.integer(l.get("n_params", 0), join(path, "n_params"), 0)})
+    return out
+
+
+def _event(c: Checker, e: Any, path: str) -> dict:
+    c.obj(e, path, ("type", "kind", "step"), _EVENT_OPTIONAL)
+    etype = c.string(e["type"], join(path, "type"), EVENT_TYPES)
+    kind = c.string(e["kind"], join(path, "kind"), EVENT_KINDS[etype])
+    step = c.integer(e["step"], join(path, "step"))
+    end = c.integer(e.get("end_step", step), join(path, "end_step"), step)
+    values = c.obj(e.get("values", {}), join(path, "values"))
+    return {"type": etype, "kind": kind, "layer": c.string(e.get("layer"), join(path, "layer"), null=True),
+            "step": step, "end_step": end, "count": c.integer(e.get("count", 1), join(path, "count"), 1),
+            "severity": c.number(e.get("severity", 0.0), join(path, "severity")),
+            "values": {k: c.number(v, join(join(path, "values"), k)) for k, v in values.items()},
+            "rank": c.integer(e.get("rank"), join(path, "rank"), 0, null=True)}
+
+
+def _propagation(c: Checker, p: Any, path: str) -> None:
+    # derived from the events and recomputed on read; checked so that no field goes unread
+    c.obj(p, path, ("type", "kind", "first", "order"))
+    c.string(p["type"], join(path, "type"), EVENT_TYPES)
+    c.string(p["kind"], join(path, "kind"))
+    _event(c, p["first"], join(path, "first"))
+    for i, o in enumerate(c.array(p["order"], join(path, "order"))):
+        where = join(join(path, "order"), i)
+        layer, step = c.array(o, where, 2)
+        c.string(layer, join(where, 0), null=True)
+        c.integer(step, join(where, 1))
+
+
+def _loss(c: Checker, lo: Any) -> dict:
+    c.obj(lo, "loss", (), _LOSS_KEYS)
+    n = c.integer(lo.get("n", 0), "loss.n", 0)
+    out = {"n": n, "first": c.number(lo.get("first"), "loss.first", null=True),
+           "last": c.number(lo.get("last"), "loss.last", null=True),
+           "min": c.number(lo.get("min"), "loss.min", finite=True, null=True),
+           "n_nonfinite": c.integer(lo.get("n_nonfinite", 0), "loss.n_nonfinite", 0, n),
+           "first_nonfinite_step": c.integer(lo.get("first_nonfinite_step"), "loss.first_nonfinite_step", null=True)}
+    hist = []
+    for i, pt in enumerate(c.array(lo.get("history", []), "loss.history")):
+        where = join("loss.history", i)
+        s, v = c.array(pt, where, 2)
+        hist.append((c.integer(s, join(where, 0)), c.number(v, join(where, 1))))
+    out["history"] = hist
+    return out
+
+
+def _config(c: Checker, cfg: Any) -> dict:
+    from neuraldbg.config import DetectorConfig
+
+    c.obj(cfg, "config")
+    if not cfg:
+        return {}
+    defaults = DetectorConfig().to_dict()
+    c.obj(cfg, "config", (), tuple(defaults))
+    out = {}
+    for k, v in cfg.items():
+        d, where = defaults[k], join("config", k)
+        if isinstance(d, list):
+            out[k] = [c.string(x, join(where, i)) for i, x in enumerate(c.array(v, where))]
+        elif isinstance(d, bool):
+            if not isinstance(v, bool):
+                raise c.fail(where, f"expected true or false, got {show(v)}")
+            out[k] = v
+        elif isinstance(d, int):
+            out[k] = c.integer(v, where)
+        else:
+            out[k] = c.number(v, where)
+    try:
+        DetectorConfig.from_dict(out)
+    except (TypeError, ValueError) as exc:
+        raise c.fail("config", str(exc)) from None
+    return out
+
+
+def _meta(c: Checker, meta: Any) -> dict:
+    c.obj(meta, "meta")
+    out: dict[str, Any] = {}
+    for k, v in meta.items():
+        where = join("meta", k)
+        if k in _META_INT:
+            out[k] = c.integer(v, where, _META_INT[k])
+        elif k in _META_STR:
+            out[k] = c.string(v, where, null=True)
+        elif k in _META_NUMBER_LISTS:
+            out[k] = [c.number(x, join(where, i)) for i, x in enumerate(c.array(v, where))]
+        elif k in _META_INT_LISTS:
+            out[k] = [c.integer(x, join(where, i), 0) for i, x in enumerate(c.array(v, where))]
+        elif isinstance(v, list):  # another measured signature: a flat list of scalars
+            out[k] = [c.scalar(x, join(where, i)) for i, x in enumerate(v)]
+        else:
+            out[k] = c.scalar(v, where)
+    return out
