@@ -1,0 +1,149 @@
+"""What every framework callback shares: starting the monitor, the end-of-run diagnosis,
+where the session goes. Nothing here imports a framework (or torch, until a monitor starts).
+
+A callback runs inside someone else's training loop, so after construction nothing here
+raises: a monitor that cannot start, a diagnosis that cannot be computed or a session that
+cannot be written is logged on the ``neuraldbg`` logger and training goes on.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("neuraldbg")
+
+#: file name of the exported session when only a folder is known
+SESSION_FILE = "neuraldbg_session.json"
+#: NeuralDbg arguments a callback supplies itself
+SUPPLIED = ("model", "optimizer")
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The end-of-run diagnosis a callback logs: ``P(healthy)``, the ranked hypotheses
+    (:class:`~neuraldbg.causal.types.Hypothesis`), the logged text, and the exported session
+    path (``None`` when not exported)."""
+
+    p_healthy: float
+    hypotheses: tuple
+    text: str
+    session_path: str | None = None
+
+    @property
+    def healthy(self) -> bool:
+        """True when no hypothesis reached the reporting floor."""
+        return not self.hypotheses
+
+
+def check_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` if every name is a :class:`NeuralDbg` keyword a callback passes through,
+    else ``TypeError`` naming the valid ones."""
+    from neuraldbg.monitor.monitor import NeuralDbg
+
+    params = [n for n in inspect.signature(NeuralDbg.__init__).parameters if n != "self"]
+    valid = [n for n in params if n not in SUPPLIED]
+    bad = sorted(set(kwargs) - set(valid))
+    if bad:
+        supplied = sorted(set(bad) & set(SUPPLIED))
+        why = f" ({', '.join(supplied)}: the callback takes them from the trainer)" if supplied else ""
+        raise TypeError(f"unknown NeuralDbg argument(s) {', '.join(bad)}{why}; valid: {', '.join(valid)}")
+    return dict(kwargs)
+
+
+def check_export(export: Any) -> Any:
+    """``export`` if it is ``None``/``False`` (off), ``True`` (the trainer's folder) or a path."""
+    if export is None or isinstance(export, (bool, str, os.PathLike)):
+        return export
+    raise TypeError(f"export must be None, True (the trainer's output folder) or a path, got {type(export).__name__}")
+
+
+def start(model: Any, optimizer: Any, kwargs: dict[str, Any]) -> Any:
+    """A :class:`NeuralDbg` on ``model``, entered. Bad arguments raise (before training starts)."""
+    from neuraldbg.monitor.monitor import NeuralDbg
+
+    dbg = NeuralDbg(model, optimizer=optimizer, **kwargs)
+    dbg.__enter__()
+    return dbg
+
+
+def unwrap_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer inside a wrapper (accelerate's ``AcceleratedOptimizer`` and the like
+    step their ``.optimizer``, whose step hooks are the ones that fire)."""
+    seen = 0
+    while optimizer is not None and hasattr(optimizer, "optimizer") and seen < 4 \
+            and hasattr(optimizer.optimizer, "param_groups"):
+        optimizer, seen = optimizer.optimizer, seen + 1
+    return optimizer
+
+
+def export_target(export: Any, default_dir: str | os.PathLike | None, rank: int | None,
+                  world_size: int | None) -> Path | None:
+    """Where the session goes: ``None`` when off; ``True`` means ``default_dir``; an existing
+    folder gets :data:`SESSION_FILE` inside; each rank of a distributed job its own file."""
+    if export is None or export is False:
+        return None
+    if export is True:
+        if default_dir is None:
+            log.warning("neuraldbg: export=True but the trainer names no output folder; using the current one")
+        p = Path(default_dir or ".") / SESSION_FILE
+    else:
+        p = Path(export)
+        if p.is_dir():
+            p = p / SESSION_FILE
+    if world_size is not None and world_size > 1 and rank is not None:
+        p = p.with_name(f"{p.stem}.rank{rank}{p.suffix}")
+    return p
+
+
+def describe(p_healthy: float, hypotheses: list, top: int = 3) -> str:
+    """The diagnosis as a few log lines."""
+    if not hypotheses:
+        return f"no failure found (P(healthy) = {p_healthy:.3f})"
+    lines = [f"diagnosis (P(healthy) = {p_healthy:.3f}):"]
+    for i, h in enumerate(hypotheses[:top], 1):
+        lines.append(f"  {i}. {h.description}\n     fix: {h.suggested_fix}")
+    return "\n".join(lines)
+
+
+def finish(dbg: Any, exc: BaseException | None, target: Path | None) -> Diagnosis | None:
+    """Exit the monitor, log the diagnosis (a warning when something is wrong, info when
+    healthy) and export the session to ``target``; ``None`` when the diagnosis failed."""
+    if dbg is None:
+        return None
+    try:
+        dbg.__exit__(type(exc) if exc is not None else None, exc, getattr(exc, "__traceback__", None))
+    except Exception:  # noqa: BLE001 - the monitor's own exit is guarded; be safe around a framework
+        log.exception("neuraldbg: could not close the monitor")
+    path = None
+    if target is not None:
+        try:
+            path = dbg.export_aquarium_package(target)
+        except Exception as e:  # noqa: BLE001 - a full disk must not turn a finished run into a crash
+            log.error("neuraldbg: could not write the session to %s: %r", target, e)
+    try:
+        post = dbg.posterior()
+        hyps = dbg.get_causal_hypotheses()
+    except Exception:  # noqa: BLE001
+        log.exception("neuraldbg: the diagnosis could not be computed")
+        return None
+    text = describe(post.p_healthy, hyps)
+    if path is not None:
+        text += f"\n  session written to {path}"
+    log.log(logging.WARNING if hyps else logging.INFO, "neuraldbg: %s", text)
+    return Diagnosis(p_healthy=post.p_healthy, hypotheses=tuple(hyps), text=text, session_path=path)
+
+
+def guarded(reported: set, what: str, fn, *args) -> Any:
+    """``fn(*args)``, logging a failure once per ``what`` (kept in ``reported``) instead of
+    raising it: a callback never stops training."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001
+        if what not in reported:
+            reported.add(what)
+            log.warning("neuraldbg: %s failed: %r", what, e)
+        return None

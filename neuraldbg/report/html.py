@@ -1,0 +1,235 @@
+"""The HTML report: one self-contained page per run (``neuraldbg report``, ``dbg.report``).
+
+The page is plain HTML with inline CSS and inline SVG (:mod:`neuraldbg.report.svg`): no
+script, no font, no image and no address outside the file, so it opens offline and can be
+attached to a bug report. It reads only stored results (a trace and the causal engine's
+answers about it), never the model. Sections, each a ``<section id=...>``: ``summary``,
+``loss`` (the loss curve with events marked), ``timeline`` (the posterior as of each checked
+step), ``event-map`` (layers in forward order by steps, one facet per rank for a merged
+distributed session), ``posterior`` (bars, ``P(healthy)`` first), ``hypotheses`` (ranked, with
+evidence and fix) and ``chain`` (the causal chain of each failure type that occurred).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from neuraldbg.events.base import Event
+from neuraldbg.events.compress import compress
+from neuraldbg.report import resolve_source, svg
+from neuraldbg.report.timeline import posterior_timeline
+from neuraldbg.trace import Trace
+from neuraldbg.vocab import ALL_EVENT_KINDS, FAILURE_TYPES
+
+#: section ids, in page order (tests and links rely on them)
+SECTIONS = ("summary", "loss", "timeline", "event-map", "posterior", "hypotheses", "chain")
+#: evidence events listed under each hypothesis before eliding the rest
+MAX_EVIDENCE = 8
+#: steps at which the report evaluates the posterior timeline
+TIMELINE_POINTS = 120
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:960px;color:#222}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;border-bottom:1px solid #ddd;padding-bottom:3px;margin-top:28px}
+h3{font-size:14px;margin:14px 0 4px}.muted{color:#666}.big{font-size:30px;font-weight:600}
+.ok{color:#2e7d32}.bad{color:#c62828}svg text{font:11px system-ui,sans-serif;fill:#333}
+svg .layer{font-size:11px}ol.hyps>li{margin:0 0 14px}.fix{background:#f4f8ec;padding:4px 8px;border-radius:4px}
+table{border-collapse:collapse;font-size:12px;margin-top:4px}td,th{border-bottom:1px solid #eee;padding:2px 8px;
+text-align:left}.chain{display:flex;flex-wrap:wrap;align-items:center;gap:4px;margin:6px 0 12px}
+.node{border:1px solid #bbb;border-radius:4px;padding:3px 8px;background:#fafafa;font-size:12px}
+.node.root{background:#fdecea;border-color:#e45756;font-weight:600}.arrow{color:#888}
+.swatch{display:inline-block;width:10px;height:10px;margin-right:4px;border-radius:2px}
+"""
+
+
+@dataclass(frozen=True)
+class ReportData:
+    """What the page shows, computed once from a trace (plain values and engine records)."""
+
+    trace: Trace
+    posterior: Any
+    hypotheses: tuple
+    chains: tuple
+    timeline: tuple
+    ranks: tuple[int, ...]
+
+
+def collect(source: Any, priors: Any = None, timeline_points: int = TIMELINE_POINTS) -> ReportData:
+    """Ask the causal engine everything the report shows about ``source``."""
+    from neuraldbg.causal import api
+    from neuraldbg.causal.hypotheses import failure_observed
+
+    trace, priors = resolve_source(source, priors)
+    pri = api.resolve_priors(trace, priors)
+    ev = api.evidence(trace)
+    chains = tuple(api.causal_chain(trace, ft, pri) for ft in FAILURE_TYPES if failure_observed(trace, ev, ft))
+    ranks = set(dict(trace.meta).get("merged_ranks", ()) or ()) | {e.rank for e in trace.events if e.rank is not None}
+    return ReportData(trace=trace, posterior=api.posterior(trace, pri), hypotheses=tuple(api.hypotheses(trace, pri)),
+                      chains=chains, timeline=tuple(posterior_timeline(trace, pri, max_points=timeline_points)),
+                      ranks=tuple(sorted(int(r) for r in ranks)))
+
+
+def _section(sid: str, title: str, body: str) -> str:
+    return f'<section id="{sid}"><h2>{escape(title)}</h2>{body}</section>'
+
+
+def _where(e: Event) -> str:
+    return "loss" if e.layer is None else e.layer
+
+
+def _summary(d: ReportData) -> str:
+    t, p = d.trace, d.posterior.p_healthy
+    verdict = ('<span class="ok">no failure found</span>' if not d.hypotheses
+               else f'<span class="bad">{escape(d.hypotheses[0].description)}</span>')
+    ranks = f", ranks {', '.join(map(str, d.ranks))} merged" if d.ranks else ""
+    return _section("summary", "Summary", (
+        f'<p class="big">P(healthy) = {p:.3f}</p><p>{verdict}</p>'
+        f'<p class="muted">family {escape(t.family)}, steps {t.first_step}-{t.last_step}, {len(t.events)} events, '
+        f'{len(t.layers)} monitored layers{escape(ranks)}; posterior from {escape(str(d.posterior.source))}</p>'))
+
+
+def _kinds(events) -> list[str]:
+    present = {e.kind for e in events}
+    return [k for k in ALL_EVENT_KINDS if k in present]
+
+
+def _loss(d: ReportData) -> str:
+    t = d.trace
+    body = svg.loss_chart(t.loss.history, t.events, t.first_step, t.last_step)
+    if t.events:
+        body += svg.legend(_kinds(t.events))
+    note = (f'<p class="muted">{t.loss.n} losses recorded ({len(t.loss.history)} drawn), '
+            f'{t.loss.n_nonfinite} non-finite; dashed lines mark event onsets.</p>')
+    return _section("loss", "Loss curve and events", body + note)
+
+
+def _timeline(d: ReportData) -> str:
+    t = d.trace
+    series = [("P(healthy)", "#2e7d32", [(pt.step, pt.p_healthy) for pt in d.timeline])]
+    palette = ("#e45756", "#4c78a8", "#f58518")
+    for h, col in zip(d.hypotheses[:3], palette):
+        series.append((f"{h.cause}={h.state}", col, [(pt.step, pt.probability(h.cause, h.state)) for pt in d.timeline]))
+    return _section("timeline", "Diagnosis over the run", svg.probability_chart(series, t.first_step, t.last_step)
+                    + '<p class="muted">The posterior as of each checked step, from the events seen up to it.</p>')
+
+
+def _facet(events, trace: Trace) -> str:
+    names = {e.layer for e in events if e.layer is not None}
+    layers = [li.name for li in sorted(trace.layers, key=lambda li: li.index) if li.name in names]
+    layers += sorted(n for n in names if n not in set(layers))  # layers the trace does not list
+    props = [p.order for p in compress(events, trace.layer_index)]
+    return svg.event_map(events, layers, trace.first_step, trace.last_step, props,
+                         types={li.name: li.type for li in trace.layers})
+
+
+def _event_map(d: ReportData) -> str:
+    t = d.trace
+    if not t.events:
+        return _section("event-map", "Events by layer and step", "<p>No events: nothing to map.</p>")
+    facets = [("", list(t.events))]
+    if d.ranks:
+        facets = [("all ranks (seen on every rank)", [e for e in t.events if e.rank is None])]
+        facets += [(f"rank {r} only", [e for e in t.events if e.rank == r]) for r in d.ranks]
+    body = []
+    for title, evs in facets:
+        if title:
+            body.append(f'<h3 class="facet">{escape(title)}</h3>')
+        body.append(_facet(evs, t) if evs else '<p class="muted">no events</p>')
+    shown = len({e.layer for e in t.events if e.layer is not None})
+    note = (f'<p class="muted">Rows: the {shown} of {len(t.layers)} monitored layers with events, input side '
+            f'first; dashed lines link the first onset of a kind in each layer, in order (the propagation).</p>')
+    return _section("event-map", "Events by layer and step", svg.legend(_kinds(t.events)) + "".join(body) + note)
+
+
+def _posterior(d: ReportData) -> str:
+    post = d.posterior
+    rows = [("P(healthy)", post.p_healthy, False)]
+    top = {(h.cause, h.state) for h in d.hypotheses}
+    for var, dist in post.items():
+        if var == "healthy":
+            continue
+        rows += [(f"{var} = {state}", p, (var, state) in top) for state, p in dist.items()]
+    return _section("posterior", "Posterior", svg.bars(rows))
+
+
+def _event_table(events) -> str:
+    ranked = any(e.rank is not None for e in events)  # the rank column only for distributed runs
+    rows = "".join(f"<tr><td><span class='swatch' style='background:{svg.color(e.kind)}'></span>{escape(e.kind)}"
+                   f"</td><td>{escape(_where(e))}</td><td>{e.step}-{e.end_step}</td><td>{e.count}</td>"
+                   + (f"<td>{'all' if e.rank is None else e.rank}</td>" if ranked else "")
+                   + f"<td>{e.severity:.3g}</td></tr>"
+                   for e in events[:MAX_EVIDENCE])
+    more = (f"<tr><td colspan=6 class='muted'>... {len(events) - MAX_EVIDENCE} more events</td></tr>"
+            if len(events) > MAX_EVIDENCE else "")
+    return ("<table><tr><th>kind</th><th>where</th><th>steps</th><th>count</th>"
+            + ("<th>rank</th>" if ranked else "") + "<th>severity</th></tr>" + rows + more + "</table>")
+
+
+def _hypotheses(d: ReportData) -> str:
+    if not d.hypotheses:
+        return _section("hypotheses", "Hypotheses", "<p>No hypothesis above the reporting floor.</p>")
+    items = []
+    for h in d.hypotheses:
+        items.append(f"<li><b>{escape(h.cause)} = {escape(h.state)}</b> (p = {h.probability:.3f})"
+                     f"<br>{escape(h.description)}<p class='fix'>Fix: {escape(h.suggested_fix)}</p>"
+                     f"{_event_table(list(h.evidence)) if h.evidence else ''}</li>")
+    return _section("hypotheses", "Hypotheses", "<ol class='hyps'>" + "".join(items) + "</ol>")
+
+
+def _chain(d: ReportData) -> str:
+    if not d.chains:
+        return _section("chain", "Causal chain", "<p>No failure occurred: no chain to trace.</p>")
+    parts = []
+    for c in d.chains:
+        parts.append(f"<h3>{escape(c.failure_type)}</h3>")
+        if c.empty:
+            parts.append(f"<p class='muted'>{escape(c.reason)}</p>")
+            continue
+        head = (f"{c.cause} = {c.state} (p = {c.probability:.2f})" if c.cause else "unexplained")
+        nodes = [f"<span class='node root'>{escape(head)}</span>"]
+        evs = c.events
+        nodes += [f"<span class='node'><span class='swatch' style='background:{svg.color(e.kind)}'></span>"
+                  f"{escape(e.kind)} in {escape(_where(e))} at step {e.step}"
+                  f"{'' if e.rank is None else f' [rank {e.rank}]'}</span>" for e in evs[:12]]
+        if len(evs) > 12:
+            nodes.append(f"<span class='node muted'>... {len(evs) - 12} more</span>")
+        parts.append("<div class='chain'>" + "<span class='arrow'>&rarr;</span>".join(nodes) + "</div>")
+    return _section("chain", "Causal chain", "".join(parts))
+
+
+def render_html(source: Any, *, priors: Any = None, title: str | None = None,
+                timeline_points: int = TIMELINE_POINTS) -> str:
+    """The report page of a live monitor, a (merged) session or a trace, as a string."""
+    d = collect(source, priors, timeline_points)
+    title = title or f"NeuralDBG report: {d.trace.family} run, steps {d.trace.first_step}-{d.trace.last_step}"
+    body = "".join(f(d) for f in (_summary, _loss, _timeline, _event_map, _posterior, _hypotheses, _chain))
+    return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{escape(title)}</title>"
+            f"<style>{_CSS}</style></head><body><h1>{escape(title)}</h1>{body}"
+            f"<p class='muted'>Written by NeuralDBG from stored results; self-contained, no network.</p>"
+            f"</body></html>\n")
+
+
+def write_report(source: Any, path: str | os.PathLike, *, priors: Any = None, title: str | None = None) -> str:
+    """Write the report page to ``path`` atomically (parent folders created); returns the path."""
+    text = render_html(source, priors=priors, title=title)
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # what open() would give, not mkstemp's 0600
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return str(p)

@@ -1,0 +1,124 @@
+"""The Lightning callback against the real library: a tiny MLP, 50 steps, compared with the
+plain monitored loop on the same model, data and optimizer (tiny_task.py)."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+L = pytest.importorskip("lightning.pytorch", reason="the lightning extra is not installed")
+
+from neuraldbg import load_session  # noqa: E402
+from neuraldbg.integrations import lightning as integration  # noqa: E402
+from tiny_task import LR, STEPS, batches, make_model, optimizer, plain_run, top_cause  # noqa: E402
+
+
+def module_class(pl):
+    """A LightningModule class of package ``pl`` around the tiny task's MLP."""
+    class Tiny(pl.LightningModule):
+        def __init__(self, lr, seed=0, fail_at=None):
+            super().__init__()
+            self.net = make_model(seed)
+            self.lr, self.fail_at = lr, fail_at
+
+        def training_step(self, batch, batch_idx):
+            if self.fail_at is not None and batch_idx == self.fail_at:
+                raise RuntimeError("injected failure in training_step")
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return optimizer(self.parameters(), self.lr)
+    return Tiny
+
+
+def fit(lr, *, callback=None, accumulate=1, pl=L, fail_at=None):
+    """Fit for STEPS optimizer steps on the tiny task's batches, in order; returns the module."""
+    module = module_class(pl)(lr, fail_at=fail_at)
+    trainer = pl.Trainer(max_steps=STEPS, accumulate_grad_batches=accumulate, callbacks=[callback] if callback else [],
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu", devices=1, num_sanity_val_steps=0)
+    loader = torch.utils.data.DataLoader(batches(STEPS * accumulate), batch_size=None)
+    trainer.fit(module, loader)
+    return module
+
+
+def warnings_of(caplog):
+    return [r for r in caplog.records if r.name == "neuraldbg" and r.levelno >= logging.WARNING]
+
+
+def test_healthy_run_stays_quiet_like_the_plain_loop(caplog):
+    caplog.set_level(logging.INFO, logger="neuraldbg")
+    cb = integration.NeuralDbgCallback()
+    fit(LR, callback=cb)
+    assert warnings_of(caplog) == []
+    assert cb.diagnosis is not None and cb.diagnosis.healthy and cb.dbg.events == []
+    assert top_cause(plain_run(LR)) is None
+    assert any("no failure found" in r.getMessage() for r in caplog.records if r.name == "neuraldbg")
+    tr = cb.dbg.trace()
+    assert (tr.first_step, tr.last_step, tr.loss.n) == (0, STEPS - 1, STEPS)
+
+
+def test_lr_x1000_diagnosed_like_the_plain_loop(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="neuraldbg")
+    path = tmp_path / "run.json"
+    cb = integration.NeuralDbgCallback(export=str(path))
+    fit(LR * 1000, callback=cb)
+    plain = plain_run(LR * 1000)
+    assert top_cause(plain) == ("learning_rate", "too_high")
+    assert top_cause(cb.dbg) == top_cause(plain)
+    assert cb.diagnosis.hypotheses[0].cause == "learning_rate"
+    logged = [r.getMessage() for r in warnings_of(caplog)]
+    assert any("learning_rate is too high" in m for m in logged)
+    assert cb.diagnosis.session_path == str(path)
+    assert top_cause(load_session(path)) == ("learning_rate", "too_high")
+
+
+def test_same_losses_as_the_plain_loop_and_accumulation_is_one_step(tmp_path):
+    """With accumulate_grad_batches=2 the monitor counts optimizer steps and records the
+    un-normalized micro-batch loss, exactly as the plain loop does."""
+    cb = integration.NeuralDbgCallback()
+    fit(LR, callback=cb, accumulate=2)
+    plain = plain_run(LR, accum=2)
+    a, b = cb.dbg.trace(), plain.trace()
+    assert (a.last_step, a.loss.n) == (b.last_step, b.loss.n) == (STEPS - 1, STEPS)
+    assert [s for s, _ in a.loss.history] == [s for s, _ in b.loss.history]
+    assert [v for _, v in a.loss.history] == pytest.approx([v for _, v in b.loss.history], rel=1e-5)
+
+
+def test_training_is_bitwise_unchanged():
+    with_cb = fit(LR, callback=integration.NeuralDbgCallback())
+    without = fit(LR)
+    for p, q in zip(with_cb.parameters(), without.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_exception_in_fit_exits_the_monitor_and_diagnoses():
+    cb = integration.NeuralDbgCallback()
+    with pytest.raises(RuntimeError, match="injected failure"):
+        fit(LR, callback=cb, fail_at=10)
+    assert cb.dbg._hooks.handles == []  # every hook removed
+    assert cb.diagnosis is not None and cb.dbg.trace().last_step == 9  # step 10 never got a forward
+
+
+def test_neuraldbg_kwargs_pass_through_and_bad_ones_name_the_valid():
+    cb = integration.NeuralDbgCallback(every=5)
+    fit(LR, callback=cb)
+    assert cb.dbg.every == 5
+    with pytest.raises(TypeError, match="valid: .*every"):
+        integration.NeuralDbgCallback(evrey=5)
+    with pytest.raises(TypeError, match="takes them from the trainer"):
+        integration.NeuralDbgCallback(optimizer=None)
+    with pytest.raises(TypeError, match="export must be"):
+        integration.NeuralDbgCallback(export=3)
+
+
+def test_both_import_paths():
+    pl = pytest.importorskip("pytorch_lightning", reason="pytorch_lightning is not installed")
+    cls = integration.NeuralDbgCallback  # both packages are imported now: the class fits both
+    assert issubclass(cls, L.Callback) and issubclass(cls, pl.Callback)
+    cb = cls()
+    fit(LR * 1000, callback=cb, pl=pl)
+    assert top_cause(cb.dbg) == ("learning_rate", "too_high")

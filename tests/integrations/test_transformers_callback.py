@@ -1,0 +1,137 @@
+"""The Hugging Face Trainer callback against the real library: the tiny task's MLP behind a
+forward that returns ``loss`` (what the Trainer expects), 50 optimizer steps, compared with the
+plain monitored loop on the same model and optimizer (tiny_task.py)."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+transformers = pytest.importorskip("transformers", reason="the transformers extra is not installed")
+pytest.importorskip("accelerate", reason="the Trainer needs accelerate")
+
+from neuraldbg import load_session  # noqa: E402
+from neuraldbg.integrations import transformers as integration  # noqa: E402
+from neuraldbg.integrations.common import SESSION_FILE  # noqa: E402
+from tiny_task import LR, STEPS, batches, make_model, optimizer, plain_run, top_cause  # noqa: E402
+
+
+class Tiny(torch.nn.Module):
+    """The tiny MLP with a Trainer-style forward; ``with_loss=False`` returns logits only."""
+
+    def __init__(self, seed=0, with_loss=True, fail_at=None):
+        super().__init__()
+        self.net = make_model(seed)
+        self.with_loss, self.fail_at, self.calls = with_loss, fail_at, 0
+
+    def forward(self, x, labels=None):
+        self.calls += 1
+        if self.fail_at is not None and self.calls > self.fail_at:
+            raise RuntimeError("injected failure in forward")
+        logits = self.net(x)
+        if not self.with_loss:
+            return {"logits": logits}
+        return {"loss": F.cross_entropy(logits, labels), "logits": logits}
+
+
+class LossOutside(transformers.Trainer):
+    """A custom compute_loss: the model's output carries no loss."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        out = model(inputs["x"])
+        loss = F.cross_entropy(out["logits"], inputs["labels"])
+        return (loss, out) if return_outputs else loss
+
+
+def samples(n_batches):
+    return [{"x": x[i], "labels": y[i]} for x, y in batches(n_batches) for i in range(len(y))]
+
+
+def train(lr, tmp_path, *, callback=None, accum=1, model=None, trainer_cls=transformers.Trainer, **extra):
+    model = model if model is not None else Tiny()
+    opt = optimizer(model.parameters(), lr)
+    const = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    kwargs = dict(output_dir=str(tmp_path / "out"), max_steps=STEPS, per_device_train_batch_size=32,
+                  gradient_accumulation_steps=accum, use_cpu=True, report_to=[], save_strategy="no",
+                  logging_strategy="no", disable_tqdm=True, max_grad_norm=0.0, seed=0)
+    kwargs.update(extra)
+    args = transformers.TrainingArguments(**kwargs)
+    trainer = trainer_cls(model=model, args=args, train_dataset=samples(STEPS * accum), optimizers=(opt, const),
+                          callbacks=[callback] if callback else [])
+    trainer.train()
+    return model
+
+
+def warnings_of(caplog):
+    return [r for r in caplog.records if r.name == "neuraldbg" and r.levelno >= logging.WARNING]
+
+
+def test_healthy_run_stays_quiet_like_the_plain_loop(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="neuraldbg")
+    cb = integration.NeuralDbgCallback()
+    train(LR, tmp_path, callback=cb)
+    assert warnings_of(caplog) == []
+    assert cb.diagnosis.healthy and cb.dbg.events == []
+    assert top_cause(plain_run(LR)) is None
+    tr = cb.dbg.trace()
+    assert (tr.first_step, tr.last_step, tr.loss.n) == (0, STEPS - 1, STEPS)
+
+
+def test_lr_x1000_diagnosed_like_the_plain_loop_and_session_next_to_checkpoints(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="neuraldbg")
+    cb = integration.NeuralDbgCallback(export=True)
+    train(LR * 1000, tmp_path, callback=cb)
+    assert top_cause(plain_run(LR * 1000)) == ("learning_rate", "too_high")
+    assert top_cause(cb.dbg) == ("learning_rate", "too_high")
+    assert any("learning_rate is too high" in r.getMessage() for r in warnings_of(caplog))
+    path = tmp_path / "out" / SESSION_FILE
+    assert cb.diagnosis.session_path == str(path)
+    assert top_cause(load_session(path)) == ("learning_rate", "too_high")
+
+
+def test_gradient_accumulation_is_one_step_per_optimizer_step(tmp_path):
+    cb = integration.NeuralDbgCallback()
+    train(LR, tmp_path, callback=cb, accum=2)
+    tr = cb.dbg.trace()
+    # 100 micro-batch forwards, 50 optimizer steps: one monitor step each, losses averaged in it
+    assert (tr.last_step, tr.loss.n) == (STEPS - 1, STEPS)
+    assert cb.diagnosis.healthy
+
+
+def test_loss_from_on_log_when_the_model_returns_none(tmp_path):
+    cb = integration.NeuralDbgCallback()
+    train(LR * 1000, tmp_path, callback=cb, model=Tiny(with_loss=False), trainer_cls=LossOutside,
+          logging_strategy="steps", logging_steps=5)
+    tr = cb.dbg.trace()
+    assert tr.loss.n == STEPS // 5  # one logged (averaged) loss every 5 steps
+    assert top_cause(cb.dbg) == ("learning_rate", "too_high")
+
+
+def test_training_is_bitwise_unchanged(tmp_path):
+    a = train(LR, tmp_path, callback=integration.NeuralDbgCallback())
+    b = train(LR, tmp_path)
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_a_crashed_train_is_closed_by_the_context_manager(tmp_path):
+    cb = integration.NeuralDbgCallback()
+    model = Tiny(fail_at=20)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        with cb:
+            train(LR, tmp_path, callback=cb, model=model)
+    assert cb.dbg._hooks.handles == [] and not model._forward_hooks
+    tr = cb.dbg.trace()
+    # steps 0-19 trained; step 20's input was seen (a pre-forward hook) before forward raised
+    assert cb.diagnosis is not None and (tr.loss.n, tr.last_step) == (20, 20)
+    assert cb.close() is cb.diagnosis  # idempotent
+
+
+def test_bad_arguments_name_the_valid_ones():
+    with pytest.raises(TypeError, match="valid: .*every"):
+        integration.NeuralDbgCallback(evry=2)
+    with pytest.raises(TypeError, match="takes them from the trainer"):
+        integration.NeuralDbgCallback(model=None)
+    assert isinstance(integration.NeuralDbgCallback(), transformers.TrainerCallback)
