@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks import metrics as M
+from benchmarks import verification
 
 log = logging.getLogger("neuraldbg")
 
@@ -27,6 +28,11 @@ PREDICTORS: dict[str, str | None] = {
 GOAL_TOP1 = 0.90
 GOAL_TOP1_ARCH = 0.80
 GOAL_FALSE_ALARM = 0.02
+#: The verification goals (``run --verify``): top-1 after verification overall and per
+#: architecture, and the median replayed steps per run.
+GOAL_VERIFIED_TOP1 = 0.95
+GOAL_VERIFIED_TOP1_ARCH = 0.90
+GOAL_VERIFY_STEPS = 60
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -102,6 +108,11 @@ def evaluate(df: pd.DataFrame, null_draws: int = 2000, seed: int = 0) -> dict[st
     res["per_injection"] = _injection_table(good, res["pred_labels"], pred_idx == y)
     res["localization"] = M.localization(good[~healthy]) if (~healthy).any() else {}
     res["overhead"] = overhead_table(good)
+    try:  # run --verify: before/after scores; the rest of the report never depends on them
+        res["verification"] = verification.evaluate(good)
+    except Exception as exc:
+        log.warning("verification scores could not be computed: %s", exc)
+        res["verification"] = {"n": 0, "why": f"{type(exc).__name__}: {exc}"}
     res["goals"] = goals(res)
     return res
 
@@ -164,6 +175,7 @@ def goals(res: Mapping[str, Any]) -> pd.DataFrame:
          f"95% upper bound {fmt(bn.get('false_alarm_upper'))})",
          _verdict(bn.get("false_alarm") if res["n_healthy"] else None, lambda v: v <= GOAL_FALSE_ALARM)),
     ]
+    rows += _verification_goals(res.get("verification") or {})
     for base in [p for p in PREDICTORS if p != "bayes_net"]:
         if base not in ov.index:
             rows.append((f"beats {base} on top-1 and log loss", "baseline missing", "n/a"))
@@ -174,6 +186,28 @@ def goals(res: Mapping[str, Any]) -> pd.DataFrame:
         ok = None if _nan(bn.get("top1")) else (bn["top1"] > b["top1"] and bn["log_loss"] < b["log_loss"])
         rows.append((f"beats {base} on top-1 and log loss", val, "n/a" if ok is None else ("PASS" if ok else "FAIL")))
     return pd.DataFrame(rows, columns=["goal", "measured", "verdict"])
+
+
+def _verification_goals(v: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    if not v.get("n"):
+        return []
+    pa = v["per_arch"]
+    ov, arch = pa.loc["overall"], pa.drop(index="overall")
+    worst = arch["top1_after"].idxmin()
+    fa = v["false_alarms"]
+    return [
+        (f"top-1 after verification >= {GOAL_VERIFIED_TOP1}",
+         f"{fmt(ov['top1_after'])} (before {fmt(ov['top1_before'])}; held-out folds {fmt(ov['top1_after_cv'])})",
+         _verdict(ov["top1_after"], lambda x: x >= GOAL_VERIFIED_TOP1)),
+        (f"top-1 after verification every architecture >= {GOAL_VERIFIED_TOP1_ARCH}",
+         f"min {fmt(arch.loc[worst, 'top1_after'])} ({worst})",
+         _verdict(arch.loc[worst, "top1_after"], lambda x: x >= GOAL_VERIFIED_TOP1_ARCH)),
+        ("no healthy run turned into a false alarm by verification",
+         f"{int(fa.loc['after', 'new_alarms'])} of {v['n_healthy']} (held-out folds {int(fa.loc['after_cv', 'new_alarms'])})",
+         "PASS" if fa.loc["after", "new_alarms"] == 0 else "FAIL"),
+        (f"median extra steps per run <= {GOAL_VERIFY_STEPS}", fmt(v["extra_steps_median"], 0),
+         _verdict(v["extra_steps_median"], lambda x: x <= GOAL_VERIFY_STEPS)),
+    ]
 
 
 def _nan(v: Any) -> bool:

@@ -1,7 +1,7 @@
 """The benchmark harness: run a suite with injected failures and record what NeuralDBG concluded.
 
 ``python -m benchmarks run [--suite zoo|ecosystem] [--quick] [--arch NAME ...] [--injection NAME ...]
-[--seeds N] [--workers N] [--out DIR]``
+[--seeds N] [--workers N] [--verify [--verify-steps N] [--verify-top K]] [--out DIR]``
 
 Every run is one ``(architecture, injection, seed)`` of a suite (:mod:`benchmarks.suites`:
 the zoo by default, ``--suite ecosystem`` for the ecosystem models).
@@ -15,6 +15,10 @@ a pair run back to back in one process, in an order that alternates with a hash 
 key, so warm-up effects (first-call allocations, ``torch.compile`` caches) cancel in the
 per-architecture median of ``seconds / seconds_bare``.
 
+With ``--verify`` the monitored run keeps snapshots and, once scored, verifies its leading
+hypotheses by replay (``dbg.verify(result.replay, ...)``, docs/verification.md); the record
+gains the ``verified_*`` / ``verify_*`` columns (:data:`benchmarks.records.VERIFY_COLUMNS`).
+
 Each finished run leaves ``DIR/records/<key>.json`` at once (:mod:`benchmarks.records`);
 re-running with the same ``--out`` skips those (errored runs are retried), and
 ``DIR/records.csv`` (+ ``.parquet`` with pyarrow) is rebuilt from every record in the folder
@@ -25,6 +29,7 @@ suite. Keys are ``<arch>__<injection>__<seed>`` for the zoo and
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import multiprocessing as mp
@@ -42,7 +47,8 @@ from typing import Any, Sequence
 import pandas as pd
 
 from benchmarks.records import (API_COLUMNS, RECORD_COLUMNS, collect, empty_record, family_of, fill_monitor,
-                                fill_run, fill_truth, load_records, read_record, record_path, write_record)
+                                fill_run, fill_truth, fill_verification, load_records, read_record, record_path,
+                                write_record)
 from benchmarks.suites import (DEFAULT_BARE_SEEDS, DEFAULT_SEEDS, DEFAULT_SUITE, HEALTHY_PER_SEED,
                                QUICK_BARE_SEEDS, QUICK_HEALTHY_SEEDS, QUICK_SEEDS, SUITES, RunSpec, get_suite,
                                plan, suite_plan)
@@ -131,7 +137,9 @@ def run_one(spec: RunSpec, out: str | os.PathLike, zoo: Any = None) -> dict[str,
             rec["seconds_bare"] = float(zoo.run(spec.arch, spec.injection, spec.seed, steps=spec.steps,
                                                 monitor=None).wall_time)
         _fresh_compile_state()
-        res = zoo.run(spec.arch, spec.injection, spec.seed, steps=spec.steps, monitor=True)
+        # --verify: the monitored run keeps snapshots (its ``seconds`` then include them)
+        monitor = {"snapshots": True} if spec.verify_steps else True
+        res = zoo.run(spec.arch, spec.injection, spec.seed, steps=spec.steps, monitor=monitor)
         if spec.time_bare and not bare_first:
             _fresh_compile_state()
             rec["seconds_bare"] = float(zoo.run(spec.arch, spec.injection, spec.seed, steps=spec.steps,
@@ -142,6 +150,8 @@ def run_one(spec: RunSpec, out: str | os.PathLike, zoo: Any = None) -> dict[str,
             raise RuntimeError(f"{SUITES[spec.suite]}.run(..., monitor=True) returned no dbg")
         rec["family"] = family_of(res, dbg, zoo, spec.arch)
         fill_monitor(rec, dbg, out / "sessions" / f"{spec.key}.json", out)
+        if spec.verify_steps:
+            fill_verification(rec, dbg, res, spec.verify_steps, spec.verify_top)
     except Exception as exc:  # one broken run must not stop the suite
         rec["error"] = f"{type(exc).__name__}: {exc}"
         rec["traceback"] = traceback.format_exc(limit=-8)
@@ -181,6 +191,8 @@ def _done_keys(out: Path, specs: Sequence[RunSpec], retry_errors: bool) -> set[s
             continue
         if retry_errors and rec.get("error"):
             continue
+        if spec.verify_steps and rec.get("verified_p_healthy") is None and not rec.get("verify_error"):
+            continue  # recorded without --verify: run again with it
         done.add(spec.key)
     return done
 
@@ -313,6 +325,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default {DEFAULT_BARE_SEEDS}, quick {QUICK_BARE_SEEDS}; -1: every seed)")
     p.add_argument("--bare-injected", action="store_true", help="also time injected runs without the monitor")
     p.add_argument("--workers", type=int, metavar="N", help="worker processes (default: usable cores; 0 = in-process)")
+    p.add_argument("--verify", action="store_true",
+                   help="also verify each run's leading hypotheses by replay (docs/verification.md)")
+    p.add_argument("--verify-steps", type=int, default=20, metavar="N",
+                   help="replayed steps per hypothesis with --verify (default %(default)s)")
+    p.add_argument("--verify-top", type=int, default=3, metavar="K",
+                   help="hypotheses tested per run with --verify (default %(default)s)")
     p.add_argument("--out", default="bench-out/run", metavar="DIR", help="output folder (default: %(default)s)")
     p.add_argument("--no-retry-errors", action="store_true", help="on resume, keep errored records")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -336,9 +354,19 @@ def _plan_from_args(args: argparse.Namespace) -> list[RunSpec]:
                 steps=args.steps, bare_seeds=bare_seeds, bare_injected=args.bare_injected, suite=name)
 
 
+def _with_verify(specs: list[RunSpec], args: argparse.Namespace) -> list[RunSpec]:
+    """``--verify``: every run also verifies its hypotheses (``ValueError`` for bad budgets)."""
+    if not getattr(args, "verify", False):
+        return specs
+    for name in ("verify_steps", "verify_top"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    return [dataclasses.replace(s, verify_steps=args.verify_steps, verify_top=args.verify_top) for s in specs]
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the suite described by parsed ``args``; the exit code is 1 when every run failed."""
-    specs = _plan_from_args(args)
+    specs = _with_verify(_plan_from_args(args), args)
     t0 = time.perf_counter()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     _note_command(Path(args.out), len(specs))

@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -19,6 +20,7 @@ import pandas as pd
 
 from benchmarks import baselines
 from benchmarks.metrics import post_column, posterior_columns
+from neuraldbg.causal.hypotheses import REPORT_FLOOR
 from neuraldbg.jsonio import decode_float, encode_nonfinite, write_json_atomic
 from neuraldbg.vocab import ALL_EVENT_KINDS, ROOTS
 
@@ -38,18 +40,27 @@ EXTRA_COLUMNS: tuple[str, ...] = (
     "timing_order", "steps_requested", "session", "harness_seconds", "error", "suite",
 )
 RECORD_COLUMNS: tuple[str, ...] = API_COLUMNS + EXTRA_COLUMNS
+#: Columns of ``run --verify`` (docs/verification.md): the top hypothesis and posterior after
+#: verification, what it cost, and every test with its outcome; empty without ``--verify``.
+VERIFY_COLUMNS: tuple[str, ...] = (
+    "verified_pred_cause", "verified_pred_state", "verified_pred_prob", "verified_p_healthy",
+    *(f"verified_{c}" for c in posterior_columns()), "verify_extra_steps", "verify_seconds",
+    "verify_tests", "verify_joint_before", "snapshot_bytes", "verify_error",
+)
 #: Columns holding text, even when every value looks like a number (``nn.Sequential`` layers
 #: are called "0", "1", ...) or like a non-finite float (event kinds ``nan`` and ``inf``).
 TEXT_COLUMNS: tuple[str, ...] = (
     "arch", "family", "injection", "true_cause", "true_state", "pred_cause", "pred_state", "origin_layer",
     "true_layer", "key", "hypotheses", "posterior", "first_event_kind", "first_event_layer",
     "baseline_first_event", "baseline_threshold_rules", "rules_fired", "timing_order", "session", "error",
-    "traceback", "suite",
+    "traceback", "suite", "verified_pred_cause", "verified_pred_state", "verify_tests", "verify_joint_before",
+    "verify_error",
 )
 #: Columns holding whole numbers (possibly missing).
 INT_COLUMNS: tuple[str, ...] = (
     "seed", "onset_step", "true_onset", "steps", "n_hypotheses", "n_events",
     *(f"events_{k}" for k in ALL_EVENT_KINDS), "first_event_step", "loss_nonfinite", "steps_requested",
+    "verify_extra_steps", "snapshot_bytes",
 )
 #: The suite of records written before the ``suite`` column existed: they all came from the zoo.
 LEGACY_SUITE = "zoo"
@@ -143,6 +154,35 @@ def fill_monitor(rec: dict[str, Any], dbg: Any, session_path: Path, out: Path) -
     rec["rules_fired"] = json.dumps(baselines.fired_rules(trace))
 
 
+def fill_verification(rec: dict[str, Any], dbg: Any, res: Any, steps: int, top: int) -> None:
+    """The ``verified_*`` columns: ``dbg.verify(res.replay, steps, top)``. A suite without a
+    replay, or a verification that raises, leaves them empty and says why in ``verify_error``."""
+    rec["snapshot_bytes"] = int(getattr(dbg, "snapshot_bytes", 0) or 0)
+    replay = getattr(res, "replay", None)
+    if replay is None:
+        rec["verify_error"] = "this suite's runs expose no replay function"
+        return
+    t0 = time.perf_counter()
+    try:
+        v = dbg.verify(replay, steps=steps, top=top)
+    except Exception as exc:  # one failed verification must not lose the run's record
+        rec["verify_error"] = f"{type(exc).__name__}: {exc}"
+        log.warning("verification of %s failed: %s", rec.get("key"), rec["verify_error"])
+        return
+    rec["verify_seconds"] = time.perf_counter() - t0
+    rec["verify_extra_steps"] = int(v.extra_steps)
+    rec["verified_p_healthy"] = float(v.posterior.p_healthy)
+    for var, states in ROOTS.items():
+        for s in states:
+            rec["verified_" + post_column(var, s)] = float(v.posterior[var][s])
+    top_h = v.hypotheses[0] if v.hypotheses and v.hypotheses[0].probability >= REPORT_FLOOR else None
+    rec.update(verified_pred_cause=top_h.cause if top_h else "", verified_pred_state=top_h.state if top_h else "",
+               verified_pred_prob=float(top_h.probability) if top_h else None)
+    rec["verify_tests"] = json.dumps([t.to_dict() for t in v.tests])
+    rec["verify_joint_before"] = json.dumps(list(v.root_joint_before))
+    rec["verify_error"] = ""
+
+
 def _hyp_dict(h: Any) -> dict[str, Any]:
     ev = getattr(h, "evidence", None) or ()
     return {
@@ -213,7 +253,7 @@ def collect(out: str | os.PathLike) -> pd.DataFrame:
     df["suite"] = df["suite"].where(df["suite"].notna(), LEGACY_SUITE)
     extra = sorted(c for c in df.columns if c not in RECORD_COLUMNS)
     df = df[list(RECORD_COLUMNS) + extra]
-    for c in INT_COLUMNS:
+    for c in (c for c in INT_COLUMNS if c in df.columns):  # verify_* only after run --verify
         # nullable ints: "60" and an empty cell in the CSV, not "60.0" and "nan"
         df[c] = pd.to_numeric(df[c], errors="coerce").round().astype("Int64")
     if len(df):

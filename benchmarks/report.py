@@ -27,7 +27,7 @@ import pandas as pd
 
 from benchmarks.evaluation import (GOAL_FALSE_ALARM, GOAL_TOP1, GOAL_TOP1_ARCH, PREDICTORS, evaluate, fmt, goals,
                                    overhead_table, predictions, usable)
-from benchmarks import side_by_side
+from benchmarks import side_by_side, verification
 from benchmarks.metrics import is_missing
 from benchmarks.plots import PLOTS, plot_all, plot_suite_reliability
 from benchmarks.records import LEGACY_SUITE, load_records
@@ -125,6 +125,7 @@ def sections(res: Mapping[str, Any], images: Sequence[str], img_prefix: str = ""
         "`ece_null_lo/hi`: the 95% band of ECE for a perfectly calibrated predictor with the same "
         "confidences.\n",
         _md_table(ov[[c for c in cols if c in ov.columns]].rename_axis("predictor")),
+        verification.render(res.get("verification") or {}, res.get("suite", LEGACY_SUITE)),
         "## Per architecture (top-1; bayes_net also top-3)\n", _md_table(arch),
         "## Per family (shipped priors)\n",
         "Scores of the shipped hand-set priors per family. Priors fitted on other folds and on other "

@@ -49,6 +49,9 @@ class RunSpec:
     steps: int | None = None
     time_bare: bool = True
     suite: str = DEFAULT_SUITE
+    #: ``run --verify``: replayed steps per hypothesis and hypotheses tested (0: no verification)
+    verify_steps: int = 0
+    verify_top: int = 0
 
     @property
     def key(self) -> str:

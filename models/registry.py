@@ -7,6 +7,7 @@ This module imports neither the injections nor the runner, so both can import it
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -63,6 +64,41 @@ class Trainer:
     def summary(self) -> dict[str, float]:
         """End-of-run measurements (e.g. held-out accuracy)."""
         return {}
+
+    # -- replay (verification) ------------------------------------------------------------
+
+    def _shared(self) -> dict[int, Any]:
+        """Objects a replay state shares instead of copying (a deepcopy memo): every module,
+        parameter and buffer reachable from an attribute, and the main optimizer (NeuralDbg's
+        snapshots restore those themselves)."""
+        memo: dict[int, Any] = {id(self.optimizer): self.optimizer}
+        for v in vars(self).values():
+            for m in (v if isinstance(v, (list, tuple)) else [v]):
+                if isinstance(m, nn.Module):
+                    for t in (*m.modules(), *m.parameters(), *m.buffers()):
+                        memo[id(t)] = t
+                elif isinstance(m, torch.utils.hooks.RemovableHandle):
+                    memo[id(m)] = m
+        return memo
+
+    def replay_state(self) -> dict[str, Any]:
+        """A copy of everything the next steps depend on besides the model and the main
+        optimizer: data streams and their generators, an environment, buffers, a second
+        optimizer, the injection's one-shot state. What a snapshot tracks for ``replay``."""
+        return copy.deepcopy(dict(vars(self)), self._shared())
+
+    def load_replay_state(self, state: dict[str, Any]) -> None:
+        """Put a :meth:`replay_state` back (a fresh copy: the state can be loaded again)."""
+        for k, v in copy.deepcopy(state, self._shared()).items():
+            setattr(self, k, v)
+
+    def replay(self, model: nn.Module, optimizer: Any, step: int) -> torch.Tensor:
+        """One training step, as the runner takes it: ``replay(model, optimizer, step) -> loss``
+        for ``NeuralDbg.verify`` (the trainer's own model and optimizer are the ones passed)."""
+        self.step = step
+        loss = self.forward_backward(step)
+        self.optimizer_step(step)
+        return loss
 
 
 # ----------------------------------------------------------------------------------------

@@ -61,6 +61,9 @@ class RunResult:
     first_step_time: float = 0.0  # part of wall_time; holds the compile for ``compiled``
     progress: tuple[str, str] = ("loss", "down")
     symptom: str = "none"
+    #: ``replay(model, optimizer, step) -> loss``: one training step of this run, for
+    #: ``result.dbg.verify(result.replay)`` (monitor with ``snapshots=True``; docs/verification.md)
+    replay: Any = None
 
     def series(self, name: str = "loss") -> list[float]:
         """Values of ``loss`` (every step) or of a signal (its measured steps)."""
@@ -116,6 +119,18 @@ def make_monitor(monitor: Any, model: nn.Module, optimizer: Any, fam: str):
     return NeuralDbg(model, **kwargs)
 
 
+def track_trainer(dbg: Any, trainer: Any) -> None:
+    """When ``dbg`` keeps snapshots, have them carry the trainer's own state (data streams,
+    environment, second optimizer...), so ``verify`` replays the very batches of the run."""
+    if dbg is None:
+        return
+    from neuraldbg.verify.snapshots import of  # lazy: the zoo runs without the monitor
+
+    snaps = of(dbg)
+    if snaps is not None:
+        snaps.track(save=trainer.replay_state, load=trainer.load_replay_state)
+
+
 def _as_float(v: Any) -> float:
     return float(v.detach().float().item()) if isinstance(v, torch.Tensor) else float(v)
 
@@ -158,6 +173,7 @@ def run(
         trainer = spec.trainer(cfg, seed, inj)
         setup_time = time.perf_counter() - t_setup
         dbg = make_monitor(monitor, trainer.model, trainer.optimizer, spec.family)
+        track_trainer(dbg, trainer)
         with dbg if dbg is not None else contextlib.nullcontext():
             t0 = time.perf_counter()
             first_step_time = 0.0
@@ -201,4 +217,5 @@ def run(
         first_step_time=first_step_time,
         progress=spec.progress,
         symptom=inj.symptom,
+        replay=trainer.replay,
     )

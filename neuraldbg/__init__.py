@@ -29,12 +29,14 @@ _LAZY: dict[str, str] = {
     "Hypothesis": "neuraldbg.causal.types",
     "CausalChain": "neuraldbg.causal.types",
     "Coupling": "neuraldbg.causal.types",
+    "Verification": "neuraldbg.verify.types",
 }
 
 __all__ = sorted(_LAZY) + ["EVENT_TYPES", "EVENT_KINDS", "FAILURE_TYPES", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover - static names for type checkers and IDEs
     from neuraldbg.causal.types import CausalChain, Coupling, Hypothesis
+    from neuraldbg.verify.types import Verification
     from neuraldbg.config import DetectorConfig
     from neuraldbg.distributed import merge_sessions
     from neuraldbg.events.base import Event

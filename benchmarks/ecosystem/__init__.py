@@ -150,6 +150,8 @@ def run(arch: str, injection: Any = "healthy", seed: int = 0, steps: int | None 
         task.model.train()
         setup_time = time.perf_counter() - t_setup
         dbg = make_monitor(monitor, task.model, opt, spec.family)
+        # with snapshots (verification), keep each step's batches: the replay trains on them
+        cached: list[list] | None = _track(dbg, sched)
         with dbg if dbg is not None else contextlib.nullcontext():
             t0 = time.perf_counter()
             first_step_time = 0.0
@@ -160,10 +162,16 @@ def run(arch: str, injection: Any = "healthy", seed: int = 0, steps: int | None 
                 micro_losses = []
                 for _ in range(accum):
                     bt = task.batch(micro)
+                    clean, gen_state = bt, None
                     if (fault.batch is not None and step >= inj.onset
                             and not (fault.one_shot and fired is not None)):
+                        gen_state = fault_gen.get_state() if cached is not None else None
                         bt = fault.batch(bt, task, fault_gen)
                         fired = step if fired is None else fired
+                    if cached is not None:  # per step: its micro-batches, before the fault
+                        if len(cached) <= step:
+                            cached.append([])
+                        cached[step].append((clean, gen_state))
                     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                         loss = task.loss(bt)
                     (loss / accum).backward()
@@ -190,4 +198,39 @@ def run(arch: str, injection: Any = "healthy", seed: int = 0, steps: int | None 
         first_step_time=first_step_time,
         metrics={"bf16": float(bf16), "accumulation": float(accum),
                  "trainable_parameters": float(sum(p.numel() for p in params))},
+        replay=None if cached is None else _replay(task, fault, sched, params, cached, bf16, accum),
     )
+
+
+def _track(dbg: Any, sched: Any) -> list | None:
+    """Snapshots also carry the LR schedule; returns the batch cache, or ``None`` without snapshots."""
+    from neuraldbg.verify.snapshots import of
+
+    snaps = of(dbg) if dbg is not None else None
+    if snaps is None:
+        return None
+    snaps.track(sched)
+    return []
+
+
+def _replay(task: Any, fault: Fault, sched: Any, params: list, cached: list, bf16: bool, accum: int):
+    """``replay(model, optimizer, step) -> loss``: the run's step ``step`` on its own batches,
+    with the recipe's autocast, accumulation, clipping and schedule (docs/verification.md).
+    A batch fault is applied again from its generator state at that step: a token fault
+    corrupts the embedding, which has to be computed by the model as it is now."""
+
+    def replay(model: Any, optimizer: Any, step: int) -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        micro = []
+        for clean, gen_state in cached[step]:
+            bt = clean if gen_state is None else fault.batch(clean, task, torch.Generator().set_state(gen_state))
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = task.loss(bt)
+            (loss / accum).backward()
+            micro.append(loss.detach().float())
+        torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
+        optimizer.step()
+        sched.step()
+        return micro[0] if accum == 1 else torch.stack(micro).mean()
+
+    return replay

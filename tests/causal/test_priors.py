@@ -142,7 +142,8 @@ def test_shipped_files_are_package_data():
     import neuraldbg.priors as P
 
     here = os.path.dirname(P.__file__)
-    assert sorted(f[:-5] for f in os.listdir(here) if f.endswith(".json")) == sorted(FAMILIES)
+    # one prior file per family, plus the interventional likelihoods of neuraldbg/verify
+    assert sorted(f[:-5] for f in os.listdir(here) if f.endswith(".json")) == sorted(FAMILIES + ("verification",))
     for fam in FAMILIES:
         with open(os.path.join(here, f"{fam}.json")) as f:
             assert json.load(f)["schema_version"] == SCHEMA_VERSION

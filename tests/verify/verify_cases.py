@@ -1,0 +1,94 @@
+"""Small runs for the verification tests: one loop, one replay, faults switched on by argument.
+
+``train(...)`` trains a 3-layer MLP on a seeded teacher task with ``NeuralDbg(...,
+snapshots=True)`` and returns ``(model, optimizer, dbg, replay)``; ``replay(model, optimizer,
+step)`` takes step ``step`` on the same batch as the run did (batches are a pure function of
+the step), which is what ``dbg.verify`` needs.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neuraldbg import NeuralDbg
+
+IN, HIDDEN, CLASSES, BATCH = 16, 64, 4, 64
+
+
+def _batches(steps: int, seed: int, nan_at: int | None, shift_at: int | None):
+    g = torch.Generator().manual_seed(1000 + seed)
+    teacher = torch.randn(IN, CLASSES, generator=g)
+    xs = torch.randn(steps, BATCH, IN, generator=g)
+    ys = (torch.tanh(xs) @ teacher).argmax(-1)
+    if nan_at is not None:
+        xs[nan_at, : BATCH // 4] = math.nan
+    if shift_at is not None:
+        xs[shift_at:] *= 1000.0
+    return xs, ys
+
+
+def train(*, steps: int = 60, lr: float = 0.05, first_gain: float = 1.0, gain: float = 1.0,
+          nan_at: int | None = None, shift_at: int | None = None, depth: int = 2, act: type = nn.ReLU,
+          seed: int = 0, snapshots=True, adam: bool = False, priors: str | None = None):
+    """A monitored run; ``first_gain`` scales the first layer's weights only, ``gain`` every
+    layer's; ``nan_at`` puts NaN in a quarter of one batch, ``shift_at`` multiplies inputs by
+    1000 from that step on."""
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = []
+    dims = [IN] + [HIDDEN] * depth
+    for a, b in zip(dims[:-1], dims[1:]):
+        layers += [nn.Linear(a, b), act()]
+    model = nn.Sequential(*layers, nn.Linear(HIDDEN, CLASSES))
+    with torch.no_grad():
+        for i, p in enumerate(p for p in model.parameters() if p.dim() >= 2):
+            p.mul_(gain * (first_gain if i == 0 else 1.0))
+    opt = (torch.optim.Adam(model.parameters(), lr=lr) if adam
+           else torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9))
+    xs, ys = _batches(steps, seed, nan_at, shift_at)
+
+    def forward_backward(model, step):
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(xs[step]), ys[step])
+        loss.backward()
+        return loss
+
+    def replay(model, optimizer, step):
+        loss = forward_backward(model, step)
+        optimizer.step()
+        return loss
+
+    with NeuralDbg(model, optimizer=opt, snapshots=snapshots, priors=priors) as dbg:
+        for step in range(steps):
+            dbg.step = step
+            loss = forward_backward(model, step)
+            dbg.record_loss(loss)
+            opt.step()
+    return model, opt, dbg, replay
+
+
+def blind_priors(path, family: str = "mlp", keep: tuple[str, ...] = ("loss_pattern",)) -> str:
+    """A prior file where only the evidence variables in ``keep`` carry information (every
+    other evidence table is flat): a network that sees the loss blow up but neither the root
+    causes' signatures nor when the blow-up began, so a learning-rate blow-up and an init
+    blow-up look alike. Returns the path."""
+    import json
+
+    from neuraldbg.causal.priors import load_priors
+    from neuraldbg.causal.structure import EVIDENCE_NAMES, parents_of, states_of
+
+    data = load_priors(family=family).to_dict()
+    cpds = dict(data.get("cpds") or {})
+    for name in EVIDENCE_NAMES:
+        if name in keep:
+            continue
+        parents = list(parents_of(name))
+        states = list(states_of(name))
+        cols = math.prod(len(states_of(p)) for p in parents)
+        cpds[name] = {"parents": parents, "states": states, "values": [[1 / len(states)] * cols for _ in states]}
+    data["cpds"] = cpds
+    with open(path, "w") as f:
+        json.dump(data, f)
+    return str(path)
