@@ -85,7 +85,7 @@ def run(scenario: str, checkpoints: list[int], warmup: bool = True) -> list[dict
                              "traced_peak_kib": round(peak / 1024, 1), "rss_mib": round(rss_mib(), 1),
                              "rss_growth_mib": round(rss_mib() - rss0, 1), "events": len(dbg._log),
                              "event_count_sum": sum(e.count for e in dbg._log._events),
-                             "loss_points": len(dbg._loss.points), "pending": len(dbg._pending),
+                             "loss_points": len(dbg._loss.points), "pending": len(dbg._transfer.pending),
                              "seconds": round(time.perf_counter() - t0, 1)})
     tracemalloc.stop()
     return rows

@@ -1,17 +1,25 @@
-"""Step-time overhead of the monitor: paired runs, alternating in one process.
+"""Step-time overhead of the monitor: alternating blocks of steps, side by side in one process.
 
-    python -m benchmarks.overhead [--steps 200] [--pairs 15] [--hidden 512] [--device cpu]
+    python -m benchmarks.overhead [--model mlp transformer] [--optimizer sgd adam] [--every 1 10]
+                                  [--pairs 15] [--block 20] [--device cpu|cuda] [--threads 1]
+    python -m benchmarks.overhead --scaling [--layers 500 1000 2000]
 
-Each pair trains the same model from the same seed once bare and once under ``NeuralDbg``
-(order alternating, so drift and warm caches hit both arms); the ratio of the two step
-times is taken per pair and the median reported, for ``every=1`` and ``every=10``.
+Each configuration builds the same model twice from one seed: one trains bare, the other
+under ``NeuralDbg``. After a warm-up both train in alternating blocks of ``--block`` steps
+(the order flips every pair, so drift and contention from other processes hit both arms) and
+the ratio of the two blocks' times is one paired sample; the table gives the median and the
+interquartile range of ``--pairs`` samples. ``--give-optimizer`` hands the optimizer to the
+monitor (its step-size probe copies the weights on the first 16 checked steps).
+
+``--scaling`` times a model of many small parallel layers (no events fire on it) and reports
+the monitor's cost per monitored layer per checked step and the hook-registration time.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import time
+from typing import Callable
 
 import torch
 from torch import nn
@@ -19,74 +27,204 @@ from torch.nn import functional as F
 
 from neuraldbg import NeuralDbg
 
+#: the anchors the README compares against (published figures, not measured here)
+ANCHORS = ("Cockpit's economy configuration: 1.51x at every step, 1.04x at every 16th step; "
+           "torch.autograd.detect_anomaly: 2.5-3x")
 
-def make_mlp(hidden: int, seed: int, device: str) -> nn.Module:
-    """A CPU-sized MLP: 64 -> hidden -> hidden -> hidden -> 10 (~0.6M parameters at 512)."""
+
+def make_mlp(seed: int, device: str) -> tuple[nn.Module, Callable]:
+    """MLP 256-512-512-256-10 with ReLU, batch 128 (528,138 parameters)."""
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                         nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10)).to(device)
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                          nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10)).to(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    xs = torch.randn(8, 128, 256, generator=gen, device=device)
+    ys = torch.randint(0, 10, (8, 128), generator=gen, device=device)
+    return model, lambda m, i: F.cross_entropy(m(xs[i % 8]), ys[i % 8])
 
 
-def timed_run(hidden: int, steps: int, every: int | None, device: str, batch: int = 128,
-              with_optimizer: bool = False) -> float:
-    """Seconds per step of one training run (``every=None``: no monitor); ``with_optimizer``
-    hands the optimizer to the monitor, which then measures the step size on checked steps."""
-    model = make_mlp(hidden, 0, device)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    gen = torch.Generator(device=device).manual_seed(0)
-    xs = torch.randn(8, batch, 64, generator=gen, device=device)
-    ys = torch.randint(0, 10, (8, batch), generator=gen, device=device)
-    dbg = NeuralDbg(model, family="mlp", every=every, optimizer=opt if with_optimizer else None) if every else None
-    with dbg if dbg else contextlib.nullcontext():
-        for step in range(steps + 5):
-            if step == 5:  # warm-up excluded
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(xs[step % 8]), ys[step % 8])
+class TinyEncoder(nn.Module):
+    """Token embedding, ``nn.TransformerEncoder`` (4 layers, d=64, 4 heads) and a class head."""
+
+    def __init__(self, vocab: int = 256, d: int = 64, layers: int = 4, classes: int = 10) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        layer = nn.TransformerEncoderLayer(d, 4, dim_feedforward=4 * d, dropout=0.1, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(tokens)).mean(dim=1))
+
+
+def make_transformer(seed: int, device: str) -> tuple[nn.Module, Callable]:
+    """:class:`TinyEncoder` on batches of 16 sequences of 32 tokens."""
+    torch.manual_seed(seed)
+    model = TinyEncoder().to(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    xs = torch.randint(0, 256, (8, 16, 32), generator=gen, device=device)
+    ys = torch.randint(0, 10, (8, 16), generator=gen, device=device)
+    return model, lambda m, i: F.cross_entropy(m(xs[i % 8]), ys[i % 8])
+
+
+class Parallel(nn.Module):
+    """``n`` small Linear(16, 16) layers side by side, averaged: many layers, a healthy run
+    (no event fires, so the figure is the cost of measuring, not of reporting)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return sum(layer(x[:, i]) for i, layer in enumerate(self.layers)) / len(self.layers)
+
+
+def make_parallel(n: int, seed: int, device: str) -> tuple[nn.Module, Callable]:
+    """:class:`Parallel` with ``n`` layers on batches of 32, a regression target."""
+    torch.manual_seed(seed)
+    model = Parallel(n).to(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    xs = torch.randn(4, 32, n, 16, generator=gen, device=device)
+    ys = torch.randn(4, 32, 16, generator=gen, device=device)
+    return model, lambda m, i: F.mse_loss(m(xs[i % 4]), ys[i % 4])
+
+
+MODELS = {"mlp": make_mlp, "transformer": make_transformer}
+OPTIMIZERS = {"sgd": lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9),
+              "adam": lambda ps: torch.optim.Adam(ps, lr=1e-3)}
+
+
+class Arm:
+    """One training run (bare or monitored) that can be advanced block by block."""
+
+    def __init__(self, build: Callable, optimizer: str, device: str, every: int | None,
+                 give_optimizer: bool = False) -> None:
+        self.model, self.loss_fn = build(0, device)
+        self.opt = OPTIMIZERS[optimizer](self.model.parameters())
+        self.device = device
+        self.i = 0
+        self.dbg = None
+        self.enter_s = 0.0
+        if every is not None:
+            self.dbg = NeuralDbg(self.model, every=every, optimizer=self.opt if give_optimizer else None)
+            t0 = time.perf_counter()
+            self.dbg.__enter__()
+            self.enter_s = time.perf_counter() - t0
+
+    def run(self, steps: int, clock: Callable[[], float] = time.perf_counter) -> float:
+        """Train ``steps`` steps; their time in seconds on ``clock`` (wall time by default)."""
+        sync = torch.cuda.synchronize if self.device == "cuda" else (lambda: None)
+        sync()
+        t0 = clock()
+        for _ in range(steps):
+            self.opt.zero_grad(set_to_none=True)
+            loss = self.loss_fn(self.model, self.i)
             loss.backward()
-            if dbg:
-                dbg.record_loss(loss)
-            opt.step()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / steps
+            if self.dbg is not None:
+                self.dbg.record_loss(loss)
+            self.opt.step()
+            self.i += 1
+        sync()
+        return clock() - t0
+
+    def close(self) -> None:
+        """Leave the monitor (removes its hooks)."""
+        if self.dbg is not None:
+            self.dbg.__exit__(None, None, None)
 
 
-def main(argv: list[str] | None = None) -> dict[int, float]:
-    """Print and return the median paired overhead ratio for every=1 and every=10."""
+def paired(build: Callable, optimizer: str, every: int, *, device: str, pairs: int, block: int,
+           warmup: int, give_optimizer: bool = False, clock: Callable[[], float] = time.perf_counter) -> dict:
+    """Alternating blocks of a bare and a monitored run: per-pair ratios and step times."""
+    bare = Arm(build, optimizer, device, None)
+    mon = Arm(build, optimizer, device, every, give_optimizer)
+    try:
+        bare.run(warmup)
+        mon.run(warmup)
+        ratios, tb, tm = [], [], []
+        for i in range(pairs):
+            if i % 2 == 0:
+                b, m = bare.run(block, clock), mon.run(block, clock)
+            else:
+                m, b = mon.run(block, clock), bare.run(block, clock)
+            ratios.append(m / b)
+            tb.append(b / block)
+            tm.append(m / block)
+    finally:
+        mon.close()
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    return {"ratio": statistics.median(ratios), "q25": q[0], "q75": q[2], "bare_ms": statistics.median(tb) * 1e3,
+            "mon_ms": statistics.median(tm) * 1e3, "enter_s": mon.enter_s, "ratios": ratios}
+
+
+def scaling(layer_counts: list[int], *, device: str, pairs: int, block: int, warmup: int,
+            clock: Callable[[], float] = time.perf_counter) -> list[dict]:
+    """Per-layer cost of the monitor on :class:`Parallel` models of growing width (every=1)."""
+    rows = []
+    for n in layer_counts:
+        r = paired(lambda seed, dev: make_parallel(n, seed, dev), "sgd", 1, device=device, pairs=pairs,
+                   block=block, warmup=warmup, clock=clock)
+        extra_us = (r["mon_ms"] - r["bare_ms"]) * 1e3
+        rows.append({"layers": n, **r, "us_per_layer": extra_us / n})
+        print(f"{n:5d} layers: bare {r['bare_ms']:8.2f} ms/step, monitored {r['mon_ms']:8.2f} ms/step, "
+              f"ratio {r['ratio']:.3f}x [IQR {r['q25']:.3f}-{r['q75']:.3f}], "
+              f"{extra_us / n:6.2f} us per monitored layer per checked step, hooks registered in "
+              f"{r['enter_s'] * 1e3:.1f} ms", flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Print the every x model x optimizer table (markdown) and return its rows."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--model", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--optimizer", nargs="+", default=list(OPTIMIZERS), choices=list(OPTIMIZERS))
+    ap.add_argument("--every", nargs="+", type=int, default=[1, 10])
     ap.add_argument("--pairs", type=int, default=15)
-    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--block", type=int, default=20, help="steps per timed block")
+    ap.add_argument("--warmup", type=int, default=20, help="untimed steps per arm first")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--optimizer", action="store_true",
-                    help="pass the optimizer to NeuralDbg (adds the step-size probe's copies on checked steps)")
+    ap.add_argument("--give-optimizer", action="store_true",
+                    help="pass the optimizer to NeuralDbg (the step-size probe's copies on checked steps)")
+    ap.add_argument("--scaling", action="store_true", help="the many-layer scaling figure instead")
+    ap.add_argument("--layers", nargs="+", type=int, default=[500, 1000, 2000])
+    ap.add_argument("--clock", default="wall", choices=["wall", "thread"],
+                    help="wall time (the published figures) or this thread's CPU time (steadier on a "
+                         "loaded machine; CPU with one thread only)")
     a = ap.parse_args(argv)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no CUDA device here")
+    if min(a.every) < 1 or a.pairs < 1 or a.block < 1:
+        ap.error("--every, --pairs and --block must be >= 1")
+    if a.clock == "thread" and (a.device != "cpu" or a.threads != 1):
+        ap.error("--clock thread measures one CPU thread: use it with --device cpu --threads 1")
+    clock = time.thread_time if a.clock == "thread" else time.perf_counter
     torch.set_num_threads(a.threads)
-    n_params = sum(p.numel() for p in make_mlp(a.hidden, 0, "cpu").parameters())
-    print(f"MLP with {n_params:,} parameters, batch 128, {a.steps} steps x {a.pairs} pairs, device {a.device}, "
-          f"torch threads {a.threads}, optimizer {'given' if a.optimizer else 'not given'} to the monitor")
-    out = {}
-    for every in (1, 10):
-        ratios, bare_t, mon_t = [], [], []
-        for i in range(a.pairs):
-            if i % 2 == 0:
-                b = timed_run(a.hidden, a.steps, None, a.device)
-                m = timed_run(a.hidden, a.steps, every, a.device, with_optimizer=a.optimizer)
-            else:
-                m = timed_run(a.hidden, a.steps, every, a.device, with_optimizer=a.optimizer)
-                b = timed_run(a.hidden, a.steps, None, a.device)
-            ratios.append(m / b)
-            bare_t.append(b)
-            mon_t.append(m)
-        out[every] = statistics.median(ratios)
-        print(f"every={every:<3d} bare {statistics.median(bare_t) * 1e3:7.3f} ms/step   monitored "
-              f"{statistics.median(mon_t) * 1e3:7.3f} ms/step   ratio (median of {a.pairs} pairs) {out[every]:.3f}x"
-              f"   [IQR {statistics.quantiles(ratios, n=4)[0]:.3f}-{statistics.quantiles(ratios, n=4)[2]:.3f}]")
-    return out
+    print(f"torch {torch.__version__}, device {a.device}, {a.threads} thread(s), {a.pairs} pairs of "
+          f"{a.block}-step blocks after {a.warmup} warm-up steps, optimizer "
+          f"{'given' if a.give_optimizer else 'not given'} to the monitor, {a.clock} clock", flush=True)
+    if a.scaling:
+        return scaling(a.layers, device=a.device, pairs=a.pairs, block=a.block, warmup=a.warmup, clock=clock)
+    rows = []
+    for model in a.model:
+        for opt in a.optimizer:
+            for every in a.every:
+                r = paired(MODELS[model], opt, every, device=a.device, pairs=a.pairs, block=a.block,
+                           warmup=a.warmup, give_optimizer=a.give_optimizer, clock=clock)
+                rows.append({"model": model, "optimizer": opt, "every": every, **r})
+                print(f"  {model} {opt} every={every}: {r['ratio']:.3f}x [IQR {r['q25']:.3f}-{r['q75']:.3f}] "
+                      f"bare {r['bare_ms']:.2f} ms/step, monitored {r['mon_ms']:.2f} ms/step", flush=True)
+    cols = sorted(set(a.every))
+    print("\n| model | optimizer | bare ms/step | " + " | ".join(f"every={e}" for e in cols) + " |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in cols) + " |")
+    for model in a.model:
+        for opt in a.optimizer:
+            cells = {r["every"]: r for r in rows if r["model"] == model and r["optimizer"] == opt}
+            bare = statistics.median(c["bare_ms"] for c in cells.values())
+            print(f"| {model} | {opt} | {bare:.2f} | " + " | ".join(
+                f"{cells[e]['ratio']:.2f}x ({cells[e]['q25']:.2f}-{cells[e]['q75']:.2f})" for e in cols) + " |")
+    print(f"\nmedian [IQR] of {a.pairs} paired block ratios. Anchors: {ANCHORS}.")
+    return rows
 
 
 if __name__ == "__main__":

@@ -4,23 +4,39 @@ from __future__ import annotations
 import math
 import statistics
 
+import numpy as np
+
 from neuraldbg.events.base import DATA, Event, make_event
 from neuraldbg.events.registry import Detector, register_detector
 from neuraldbg.events.stepstats import StepStats
 
 
-def first_nonfinite_layer(stats: StepStats, order: tuple[str, ...]) -> tuple[str, str] | None:
-    """(layer, 'nan'|'inf') of the earliest layer in forward order whose output is not finite."""
-    for layer in order:
-        d = stats.layers.get(layer)
-        if not d or "out_sum" not in d:
-            continue
-        s = d["out_sum"]
-        if math.isnan(s):
-            return layer, "nan"
-        if math.isinf(s):
-            return layer, "inf"
-    return None
+def first_nonfinite_layer(stats: StepStats, order: tuple[str, ...],
+                          positions: np.ndarray | None = None) -> tuple[str, str] | None:
+    """(layer, 'nan'|'inf') of the earliest layer in forward order whose output is not finite.
+
+    ``positions`` (optional) are the positions of ``order``'s layers in ``stats.names``, -1
+    for a layer the step does not name (:func:`order_positions`; detectors cache them).
+    """
+    if not (stats.has_out & ~np.isfinite(stats.cols["out_sum"])).any():
+        return None  # every observed output is finite (most steps)
+    pos = order_positions(stats.names, order) if positions is None else positions
+    if not len(pos):
+        return None
+    ok = pos >= 0
+    at = np.where(ok, pos, 0)
+    s = stats.cols["out_sum"][at]
+    bad = np.flatnonzero(ok & stats.has_out[at] & ~np.isfinite(s))
+    if not len(bad):
+        return None
+    i = bad[0]
+    return order[i], "nan" if math.isnan(s[i]) else "inf"
+
+
+def order_positions(names: tuple[str, ...], order: tuple[str, ...]) -> np.ndarray:
+    """Positions of ``order``'s layers in ``names`` (-1 where absent)."""
+    where = {n: i for i, n in enumerate(names)}
+    return np.fromiter((where.get(n, -1) for n in order), dtype=np.intp, count=len(order))
 
 
 def shift_score(mean: float, std: float, ref_mean: float, ref_std: float) -> tuple[float, float]:
@@ -50,10 +66,11 @@ class DataAnomalyDetector(Detector):
         self._seen = 0
         self._ref_samples: list[tuple[float, float]] = []
         self._ref: tuple[float, float] | None = None
+        self._positions: tuple | None = None  # (names, layer_order, their positions)
 
     def update(self, stats: StepStats) -> list[Event]:
         """NaN/Inf/shift hits at this step."""
-        if not stats.layers and stats.inputs is None:
+        if stats.inputs is None and (not stats.names or not stats.n_layers_seen):
             return []  # a loss-only step: no activations were observed
         events: list[Event] = []
         inp = stats.inputs
@@ -66,7 +83,11 @@ class DataAnomalyDetector(Detector):
             values = {"nan_count": inp.get("nan", 0.0), "inf_count": inp.get("inf", 0.0),
                       "fraction": (inp.get("nan", 0) + inp.get("inf", 0)) / max(inp.get("n", 1), 1)}
         else:
-            found = first_nonfinite_layer(stats, self.context.layer_order)
+            order = self.context.layer_order
+            cached = self._positions
+            if cached is None or cached[0] is not stats.names or cached[1] is not order:
+                cached = self._positions = (stats.names, order, order_positions(stats.names, order))
+            found = first_nonfinite_layer(stats, order, cached[2])
             if found is not None:
                 origin = (found[0], found[1], 0.0)
         if origin is None:

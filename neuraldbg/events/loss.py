@@ -52,6 +52,15 @@ def is_spike(loss: float, window: Sequence[float], z: float, ratio: float) -> tu
     return (zz > z and (loss + shift) > ratio * math.exp(_median(lw))), zz
 
 
+def _may_spike(loss: float, window: Sequence[float], ratio: float) -> bool:
+    """False when :func:`is_spike` cannot hold: its ratio test compares with the exp of the
+    median of logs, which is at least the window's minimum (in the same shifted units)."""
+    lo = min(window)
+    low = min(lo, loss)
+    shift = 0.0 if low > 0 else 1.0 - low
+    return loss + shift > ratio * (lo + shift) * (1.0 - 1e-9)
+
+
 def relative_median_drop(window: Sequence[float], edge: int = 10) -> float:
     """How far the median fell across ``window``, relative to where it started.
 
@@ -100,10 +109,11 @@ class LossInstabilityDetector(Detector):
         recent = list(self._recent)
         if len(recent) >= cfg.spike_window:
             window = recent[-cfg.spike_window:]
-            spike, z = is_spike(loss, window, cfg.spike_z, cfg.spike_ratio)
+            spike, z = False, 0.0
+            if _may_spike(loss, window, cfg.spike_ratio):
+                spike, z = is_spike(loss, window, cfg.spike_z, cfg.spike_ratio)
             start = abs(self._first_median) if self._first_median is not None else 0.0
-            window_median = _median(window)
-            if spike and loss - window_median > cfg.spike_min_jump * start:
+            if spike and loss - (window_median := _median(window)) > cfg.spike_min_jump * start:
                 events.append(make_event(OPTIMIZER, "spike", None, step, min(z, 1e3),
                                          {"loss": loss, "robust_z": z, "window_median": window_median}))
         self._recent.append(loss)
@@ -129,10 +139,11 @@ class LossInstabilityDetector(Detector):
                                           "best_median": self._best}))
         if self._plateau_ok and len(recent) >= cfg.plateau_window and self._first_median is not None:
             window = recent[-cfg.plateau_window:]
-            imp = relative_median_drop(window)
             start = self._first_median
             level = _median(window[-10:])
-            if imp < cfg.plateau_rel and start > 0 and level > (1.0 - cfg.plateau_max_progress) * start:
+            # the cheap test first: a run that made progress has no plateau to measure
+            if (start > 0 and level > (1.0 - cfg.plateau_max_progress) * start
+                    and (imp := relative_median_drop(window)) < cfg.plateau_rel):
                 events.append(make_event(OPTIMIZER, "plateau", None, step, 1.0 - max(imp, 0.0) / cfg.plateau_rel,
                                          {"loss": loss, "relative_improvement": imp,
                                           "level_vs_start": level / start}))

@@ -1,13 +1,24 @@
 """Host-side statistics of one checked step: what detectors read.
 
-The monitor transfers per-layer sums computed on the device; derived quantities
-(RMS, mean and std) are computed here from those sums, plain floats in, floats out, so that
-detectors never need torch.
+The monitor transfers per-layer sums computed on the device; derived quantities (RMS, mean
+and std) are computed here from those sums, so that detectors never need torch. A step's
+per-layer numbers are numpy *columns* over one tuple of layer names (``names``): detectors
+work on whole columns, never a Python loop over layers. A layer that was not observed in a
+step (its module did not run, or ran on zero elements) is *missing*: NaN, with its presence
+flag off, never zero. ``layers`` gives the same numbers as a dict per layer.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+
+#: the per-layer columns of a step
+COLUMNS = ("out_sum", "out_sumsq", "out_n", "dead_frac", "sat_frac", "pgrad_sumsq", "pgrad_n",
+           "gout_sumsq", "gout_n")
+_GROUPS = (("out", ("out_sum", "out_sumsq", "out_n")), ("pgrad", ("pgrad_sumsq", "pgrad_n")),
+           ("gout", ("gout_sumsq", "gout_n")))
 
 
 def rms(sumsq: float, n: float) -> float:
@@ -26,29 +37,77 @@ def mean_std(total: float, sumsq: float, n: float) -> tuple[float, float]:
     return m, math.sqrt(var)
 
 
-@dataclass
-class StepStats:
-    """Floats for one checked step.
+def rms_column(sumsq: np.ndarray, n: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """:func:`rms` over columns: NaN where absent, ``n <= 0`` or ``sumsq`` is not >= 0."""
+    ok = present & (n > 0) & (sumsq >= 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(ok, np.sqrt(np.where(ok, sumsq, 0.0) / np.where(ok, n, 1.0)), np.nan)
 
-    ``layers`` maps a layer name to flat stat names: ``out_sum``, ``out_sumsq``, ``out_n``,
-    ``dead_frac`` / ``sat_frac`` (activation modules only), ``pgrad_sumsq``/``pgrad_n``
-    (parameter gradients), ``gout_sumsq``/``gout_n`` (gradient w.r.t. the output).
-    ``inputs`` holds the model input's ``sum``, ``sumsq``, ``nan``, ``inf``, ``n``.
+
+class StepStats:
+    """Numbers for one step.
+
+    Per layer (columns over ``names``): ``out_sum``, ``out_sumsq``, ``out_n`` (the module's
+    output), ``dead_frac`` / ``sat_frac`` (activation modules only), ``pgrad_sumsq`` /
+    ``pgrad_n`` (parameter gradients), ``gout_sumsq`` / ``gout_n`` (gradient w.r.t. the output,
+    when recorded); ``has_out``, ``has_pgrad``, ``has_gout`` say which are observed.
+    ``inputs`` holds the model input's ``sum``, ``sumsq``, ``nan``, ``inf``, ``n`` (the sums
+    are over all entries, meaningful when ``nan`` and ``inf`` are 0).
+
+    Build it from ``layers`` (a dict per layer with any of those keys, as tests and custom
+    callers do) or from ready columns (``names``, ``columns``, ``present``, as the monitor does).
     """
 
-    step: int
-    loss: float | None = None
-    inputs: dict[str, float] | None = None
-    layers: dict[str, dict[str, float]] = field(default_factory=dict)
-    has_backward: bool = False
-    #: the GradScaler scale in force during this step's backward (``None``: no scaler);
-    #: gradient sums of squares here are already divided by its square
-    grad_scale: float | None = None
+    def __init__(self, step: int, loss: float | None = None, inputs: dict[str, float] | None = None,
+                 layers: dict[str, dict[str, float]] | None = None, has_backward: bool = False,
+                 grad_scale: float | None = None, *, names: tuple[str, ...] | None = None,
+                 columns: dict[str, np.ndarray] | None = None,
+                 present: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
+        self.step = step
+        self.loss = loss
+        self.inputs = inputs
+        self.has_backward = has_backward
+        #: the GradScaler scale in force during this step's backward (``None``: no scaler);
+        #: gradient sums of squares here are already divided by its square
+        self.grad_scale = grad_scale
+        self._layers = layers
+        if columns is None:
+            names, columns, present = _from_layers(layers) if layers else _EMPTY
+        self.names: tuple[str, ...] = names
+        self.cols = columns
+        self.has_out, self.has_pgrad, self.has_gout = present
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        cols = self.__dict__.get("cols")
+        if cols is not None and name in cols:
+            return cols[name]
+        raise AttributeError(f"StepStats has no attribute {name!r}")
+
+    @property
+    def layers(self) -> dict[str, dict[str, float]]:
+        """The observed numbers as ``{layer: {stat: value}}`` (missing layers and stats left out)."""
+        if self._layers is None:
+            self._layers = _to_layers(self)
+        return self._layers
+
+    @property
+    def n_layers_seen(self) -> int:
+        """Layers with any observation this step."""
+        return int(np.count_nonzero(self.has_out | self.has_pgrad | self.has_gout))
+
+    def grad_rms_column(self) -> np.ndarray:
+        """Parameter-gradient RMS per layer (NaN where not observed)."""
+        return rms_column(self.cols["pgrad_sumsq"], self.cols["pgrad_n"], self.has_pgrad)
+
+    def out_rms_column(self) -> np.ndarray:
+        """Output RMS per layer (NaN where not observed or not finite)."""
+        c = self.cols
+        return rms_column(c["out_sumsq"], c["out_n"], self.has_out & np.isfinite(c["out_sumsq"]))
 
     def nonfinite_grad_layers(self) -> list[str]:
         """Layers whose parameter-gradient sum of squares is NaN or Inf this step."""
-        return [k for k, d in self.layers.items()
-                if d.get("pgrad_n", 0) > 0 and not math.isfinite(d.get("pgrad_sumsq", 0.0))]
+        bad = self.has_pgrad & (self.cols["pgrad_n"] > 0) & ~np.isfinite(self.cols["pgrad_sumsq"])
+        return [self.names[i] for i in np.flatnonzero(bad)]
 
     def grad_rms(self, layer: str) -> float | None:
         """RMS of the layer's parameter gradients, ``None`` when it has none this step."""
@@ -65,8 +124,90 @@ class StepStats:
         return math.isfinite(d["out_sum"])
 
     def input_mean_std(self) -> tuple[float, float] | None:
-        """Mean and std of the finite model-input entries."""
+        """Mean and std of the model input (``None`` when it has NaN or Inf entries: the
+        monitor's sums then run over non-finite values)."""
         if not self.inputs or self.inputs.get("n", 0) <= 0:
+            return None
+        if self.inputs.get("nan", 0) > 0 or self.inputs.get("inf", 0) > 0:
             return None
         n = self.inputs["n"] - self.inputs.get("nan", 0) - self.inputs.get("inf", 0)
         return mean_std(self.inputs["sum"], self.inputs["sumsq"], n)
+
+
+def _from_layers(layers: dict[str, dict[str, float]]):
+    names = tuple(layers)
+    L = len(names)
+    cols = {c: np.full(L, 0.0 if c.endswith("_n") else np.nan) for c in COLUMNS}
+    present = [np.zeros(L, dtype=bool) for _ in _GROUPS]
+    for i, d in enumerate(layers.values()):
+        for k, v in d.items():
+            if k in cols:
+                cols[k][i] = v
+        for flag, (_, keys) in zip(present, _GROUPS):
+            flag[i] = any(k in d for k in keys)
+    return names, cols, tuple(present)
+
+
+#: the columns of a step without layer observations (a loss-only step), shared: read-only
+_EMPTY = _from_layers({})
+for _c in (*_EMPTY[1].values(), *_EMPTY[2]):
+    _c.flags.writeable = False
+
+
+def _to_layers(st: StepStats) -> dict[str, dict[str, float]]:
+    flags = dict(zip(("out", "pgrad", "gout"), (st.has_out, st.has_pgrad, st.has_gout)))
+    seen = np.flatnonzero(st.has_out | st.has_pgrad | st.has_gout)
+    out: dict[str, dict[str, float]] = {}
+    for i in seen:
+        d: dict[str, float] = {}
+        for group, keys in _GROUPS:
+            if flags[group][i]:
+                # an output without a sum of squares (a module owning no parameters) omits it
+                d.update((k, float(st.cols[k][i])) for k in keys if k != "out_sumsq" or not math.isnan(st.cols[k][i]))
+                if group == "out":
+                    for k in ("dead_frac", "sat_frac"):
+                        if not math.isnan(st.cols[k][i]):
+                            d[k] = float(st.cols[k][i])
+        out[st.names[i]] = d
+    return out
+
+
+class LayerIndex:
+    """Positions of layer names in a detector's own growing per-layer arrays.
+
+    Successive steps usually share one ``names`` tuple (the monitor's), so :meth:`of` is a
+    cached lookup; a new tuple is mapped once, by name, new names getting new positions.
+    """
+
+    def __init__(self) -> None:
+        self.pos: dict[str, int] = {}
+        self._names: tuple[str, ...] | None = None
+        self._idx = np.zeros(0, dtype=np.intp)
+
+    def __len__(self) -> int:
+        return len(self.pos)
+
+    def of(self, names: tuple[str, ...]) -> np.ndarray:
+        """Positions (intp array) of ``names``."""
+        if names is not self._names:
+            pos = self.pos
+            self._idx = np.fromiter((pos.setdefault(n, len(pos)) for n in names), dtype=np.intp, count=len(names))
+            self._names = names
+        return self._idx
+
+    def get(self, name: str) -> int | None:
+        """The position of ``name`` (None when never seen)."""
+        return self.pos.get(name)
+
+
+def grown(arr: np.ndarray, n: int, fill: Any) -> np.ndarray:
+    """``arr`` extended to length ``n`` along its first axis with ``fill`` (itself when long enough)."""
+    if len(arr) >= n:
+        return arr
+    extra = np.full((n - len(arr),) + arr.shape[1:], fill, dtype=arr.dtype)
+    return np.concatenate([arr, extra])
+
+
+def names_of(names: tuple[str, ...], mask: np.ndarray) -> Iterable[tuple[int, str]]:
+    """``(position, name)`` where ``mask`` holds."""
+    return ((int(i), names[i]) for i in np.flatnonzero(mask))

@@ -1,17 +1,23 @@
 """The monitor's hooks: registration, the callbacks, the per-step buffer they fill, module swaps.
 
-Hooks observe, they never patch ``forward``. Each callback computes a few reductions on the
-device under ``torch.no_grad()`` (:mod:`neuraldbg.monitor.stats`) and appends the result to
-the current :class:`_StepBuffer`; nothing is moved to the host per hook. A callback never
-raises into training: a failure is reported once and, for a module's output, disables that
-module's statistics.
+Hooks observe, they never patch ``forward``. On a checked step each module output costs a
+few reductions on the device under ``torch.no_grad()`` (:mod:`neuraldbg.monitor.stats`) and
+every parameter gradient of one backward pass is measured at once, by one
+``torch._foreach_norm`` queued to run when that backward ends (after accumulation, before
+clipping or the optimizer). On an unchecked step the module and parameter hooks are out of
+the model (:mod:`neuraldbg.monitor.switch`) and the root's input hook only reads tensor
+metadata. Nothing is moved to the host per hook. A callback never raises into training: a
+failure is reported once and, for a module's output, disables that module's statistics.
+
+A statistic over zero elements is *missing*, not zero: an output without elements records
+no value (and the parameter gradients of a module that only saw empty inputs in a step are
+not read as vanished), and the loss of an empty batch is no observation.
 """
 from __future__ import annotations
 
 import logging
 import sys
 import weakref
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable
 
@@ -20,9 +26,10 @@ from torch import nn
 
 from neuraldbg.config import DetectorConfig
 from neuraldbg.monitor import stats as S
+from neuraldbg.monitor.records import INPUT_SLOT, OUT, Spec, StepBuffer, Tables, describe, first_tensor, tensors_of
+from neuraldbg.monitor.switch import HookSwitch
 
 log = logging.getLogger("neuraldbg")
-
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The user's module under ``torch.compile``, ``DataParallel`` and DDP wrappers."""
@@ -49,23 +56,6 @@ def monitored_modules(root: nn.Module) -> list[tuple[str, nn.Module]]:
     return out
 
 
-@dataclass
-class _StepBuffer:
-    step: int
-    active: bool
-    fwd: list = field(default_factory=list)        # (layer, fields, n, tensor)
-    gout: list = field(default_factory=list)       # (layer, n, tensor)
-    pgrad: dict = field(default_factory=dict)      # id(param) -> (layer, n, tensor): last wins
-    inputs: list = field(default_factory=list)     # (n, tensor)
-    losses: list = field(default_factory=list)     # float or 0-d tensor
-    scale: Any = None                              # GradScaler scale during this step's backward
-    inv_scale: Any = None                          # its reciprocal, multiplied into gradients
-    eval_skipped: bool = False                     # forwards skipped because the model was in eval()
-
-    def empty(self) -> bool:
-        return not (self.fwd or self.gout or self.pgrad or self.inputs or self.losses)
-
-
 class ModuleHooks:
     """The hooks on one model and the step buffer they fill.
 
@@ -79,7 +69,7 @@ class ModuleHooks:
                  scaler: Any, report: Callable[..., None]) -> None:
         self.root = root
         self.every = every
-        self.config = config
+        self.margin = config.saturation_margin
         self.output_grads = output_grads
         self.scaler = scaler
         self._report = report
@@ -89,10 +79,20 @@ class ModuleHooks:
         self.hooked: dict[str, tuple[Any, list, list[int]]] = {}
         self.hooked_params: set[int] = set()
         self.handles: list[Any] = []
+        self.switch = HookSwitch()  # takes the hooks out of the model on unchecked steps
         self.modules = monitored_modules(root)
         self.kinds = {name: S.activation_kind(m) for name, m in self.modules}
         self.disabled: set[str] = set()
-        self.buf = _StepBuffer(0, True)
+        self.tables = Tables()
+        for name, _ in self.modules:
+            self.tables.layer(name)
+        # forward order of first measurement, kept here so that closing a step is O(1)
+        self.order: list[str] = []
+        self.order_pos: dict[str, int] = {}
+        self.batch_empty = False  # the latest training forward's input had no elements
+        self._pending: tuple | None = None  # (buffer, [(param index, grad)]) of the running backward
+        self._plans: dict[tuple, tuple] = {}  # parameter indices -> how their norms are batched
+        self.buf = StepBuffer(0, True, self.tables)
 
     # ---- lifecycle -------------------------------------------------------------------
     def register(self) -> None:
@@ -109,12 +109,18 @@ class ModuleHooks:
             except Exception:  # pragma: no cover - removal of a dead handle is harmless
                 pass
         self.handles.clear()
+        self.switch = HookSwitch()
 
     def start_step(self, step: int) -> None:
-        """Start recording ``step`` (measured only when it is a multiple of ``every``)."""
-        self.buf = _StepBuffer(step, step % self.every == 0)
+        """Start recording ``step`` (measured only when it is a multiple of ``every``); the
+        module and parameter hooks are only in the model during checked steps."""
+        self.buf = StepBuffer(step, step % self.every == 0, self.tables)
+        if self.handles:
+            self.switch.set(self.buf.active)
+        self.batch_empty = False
+        self._pending = None
 
-    def take(self) -> _StepBuffer | None:
+    def take(self) -> StepBuffer | None:
         """The current step's buffer if anything was recorded (None otherwise).
 
         Hooks that fire later in the same step fill a fresh buffer of that step.
@@ -122,23 +128,46 @@ class ModuleHooks:
         buf = self.buf
         if buf.empty():
             return None
-        self.buf = _StepBuffer(buf.step, buf.active)
+        self.buf = StepBuffer(buf.step, buf.active, self.tables)
+        if buf.traced:  # compiled hooks leave the forward order to be read here
+            slots, names = self.tables.slots, self.tables.names
+            for slot, _, _ in buf.records:
+                group, layer = slots[slot][:2]
+                if group == OUT and names[layer] not in self.order_pos:
+                    self._add_order(names[layer])
         return buf
 
+    def _add_order(self, name: str) -> None:
+        self.order_pos[name] = len(self.order)
+        self.order.append(name)
+
+    def add_loss(self, value: Any) -> None:
+        """Record a loss (float or 0-d tensor) in the current step, unless the batch it was
+        computed on had no elements: a mean over nothing is no observation."""
+        if self.batch_empty:
+            self._report(("empty_batch",), f"a batch with no elements at step {self.buf.step}: its loss and "
+                         "statistics are missing for that step, not values", level=logging.INFO)
+            return
+        self.buf.losses.append(value)
+
     def _hook_modules(self, modules: list[tuple[str, nn.Module]]) -> None:
-        owner: dict[int, tuple[str, nn.Parameter]] = {}
+        owner: dict[int, tuple[str, int, nn.Parameter]] = {}
         for name, mod in modules:
-            kind = self.kinds[name]
-            h = mod.register_forward_hook(partial(self._on_output, name, kind, S.bounds_of(mod),
-                                                  getattr(mod, "dim", None)))
+            layer = self.tables.layer(name)
+            fn = partial(self._on_output, Spec(name, mod, layer, self.tables))
+            h = mod.register_forward_hook(fn)
             self.handles.append(h)
+            self.switch.add(h, fn)
             self.hooked[name] = (weakref.ref(mod), [h], [])
             for p in mod.parameters(recurse=False):
                 if p.requires_grad and id(p) not in owner and id(p) not in self.hooked_params:
-                    owner[id(p)] = (name, p)
-        for name, p in owner.values():
-            h = p.register_post_accumulate_grad_hook(partial(self._on_param_grad, name))
+                    owner[id(p)] = (name, layer, p)
+        for name, layer, p in owner.values():
+            pidx = self.tables.param(layer, p.numel())
+            fn = partial(self._on_param_grad, pidx, name)
+            h = p.register_post_accumulate_grad_hook(fn)
             self.handles.append(h)
+            self.switch.add(h, fn)
             self.hooked[name][1].append(h)
             self.hooked[name][2].append(id(p))
             self.hooked_params.add(id(p))
@@ -163,6 +192,7 @@ class ModuleHooks:
             # the module left the model or moved under another name (e.g. wrapped by an
             # adapter): its hooks would report under a wrong or dead name
             _, handles, pids = self.hooked.pop(name)
+            self.switch.forget(handles)
             for h in handles:
                 h.remove()
             self.hooked_params.difference_update(pids)
@@ -175,7 +205,7 @@ class ModuleHooks:
         return [name for name, _ in new]
 
     # ---- callbacks ---------------------------------------------------------------------
-    def _skip_forward(self, buf: _StepBuffer) -> bool:
+    def _skip_forward(self, buf: StepBuffer) -> bool:
         # validation passes (no_grad, or eval() mode) must not mix into training statistics;
         # a model that is trained in eval() mode is noticed at its first backward (see below)
         if not buf.active or not torch.is_grad_enabled():
@@ -187,87 +217,151 @@ class ModuleHooks:
 
     def _on_input(self, module, args, kwargs):
         buf = self.buf
-        if self._skip_forward(buf):
-            return None
+        measure = not self._skip_forward(buf)
+        if not measure and not (torch.is_grad_enabled() and (self.root.training or self.eval_trains)):
+            return None  # a validation pass
         try:
-            with torch.no_grad():
-                for t in _tensors(args, kwargs):
-                    if t.is_floating_point() and not t.is_sparse:
-                        buf.inputs.append((t.numel(), S.input_stats(t)))
+            tensors = list(tensors_of(args, kwargs))
+            # metadata only (no kernel), so also on unchecked steps: their loss must not count
+            self.batch_empty = bool(tensors) and all(t.numel() == 0 for t in tensors)
+            if measure:  # input_stats reads t.detach(): no graph
+                for t in tensors:
+                    if t.is_floating_point() and not t.is_sparse and t.numel() > 0:
+                        buf.records.append((INPUT_SLOT, t.numel(), S.input_stats(t)))
         except Exception as e:  # noqa: BLE001 - the monitor must not raise into training
             self._report(("input", type(e).__name__), f"input statistics failed: {e!r}")
         return None
 
-    def _on_output(self, name, kind, bounds, dim, module, inputs, output):
+    def _on_output(self, spec: Spec, module, inputs, output):
         buf = self.buf
-        if name in self.disabled or self._skip_forward(buf):
+        if not buf.active or spec.name in self.disabled or self._skip_forward(buf):
             return None
         try:
-            y = _first_tensor(output)
-            if y is None or not y.is_floating_point() or y.is_sparse or y.numel() == 0:
-                self._report((name, "type"), f"no statistics for the output of {name} "
-                             f"({_describe(output)}); skipped", level=logging.INFO)
+            y = first_tensor(output)
+            if y is None or not y.is_floating_point() or y.is_sparse:
+                self._report((spec.name, "type"), f"no statistics for the output of {spec.name} "
+                             f"({describe(output)}); skipped", level=logging.INFO)
                 return None
-            with torch.no_grad():
-                stats = S.output_stats(y, kind, bounds=bounds, softmax_dim=dim,
-                                       margin=self.config.saturation_margin)
-            buf.fwd.append((name, S.fields_for(kind), y.numel(), stats))
-            if self.output_grads and y.requires_grad and not _compiling():
-                y.register_hook(partial(self._on_out_grad, name, buf, y.numel()))
+            n = y.numel()
+            if n == 0:
+                buf.records.append((spec.empty, 0, ()))
+                self._report((spec.name, "empty"), f"the output of {spec.name} had no elements at step "
+                             f"{buf.step}: its statistics are missing on such steps, not zero", level=logging.INFO)
+                return None
+            # under torch.compile every Python dict this hook reads is guarded: one that grows
+            # (new unit counts, the forward order) would recompile, so those wait for the host
+            traced = _compiling()
+            # output_stats reads y.detach(): no graph, no grad-mode switch needed
+            vals = S.output_stats(y, spec.kind, sq=spec.sq, bounds=spec.bounds, softmax_dim=spec.dim,
+                                  margin=self.margin, traced=traced)
+            slot = spec.out
+            if spec.kind == "relu" and not traced:  # per-unit maxima: a slot per unit count
+                slot = spec.relu_slot(vals[0].numel())
+            buf.records.append((slot, n, vals))
+            buf.n_fwd += 1
+            if traced:
+                buf.traced = True
+            elif spec.name not in self.order_pos:
+                self._add_order(spec.name)
+            if self.output_grads and y.requires_grad and not traced:
+                y.register_hook(partial(self._on_out_grad, spec.gout, buf, n))
         except Exception as e:  # noqa: BLE001
-            self.disabled.add(name)
-            self._report((name, type(e).__name__), f"statistics of {name} failed and are disabled: {e!r}")
+            self.disabled.add(spec.name)
+            self._report((spec.name, type(e).__name__), f"statistics of {spec.name} failed and are disabled: {e!r}")
         return None
 
-    def _on_out_grad(self, name, buf, n, grad):
+    def _on_out_grad(self, slot, buf, n, grad):
         try:
             if buf is self.buf and buf.active and grad is not None:
+                self._capture_scale(buf)
                 with torch.no_grad():
-                    buf.gout.append((name, n, S.grad_stats(grad, self._inv_scale(buf))))
+                    buf.records.append((slot, n, (S.grad_norm(grad),)))
+                buf.n_gout += 1
         except Exception as e:  # noqa: BLE001
-            self._report((name, "gout", type(e).__name__), f"output-gradient statistics failed: {e!r}")
+            self._report((slot, "gout", type(e).__name__), f"output-gradient statistics failed: {e!r}")
         return None
 
-    def _on_param_grad(self, name, param):
+    def _on_param_grad(self, pidx, name, param):
         buf = self.buf
+        if not buf.active:
+            return None
         try:
-            if buf.active and param.grad is not None:
-                if buf.eval_skipped and not buf.fwd and not self.eval_trains:
-                    # a backward after eval()-mode forwards: this model trains in eval mode
-                    self.eval_trains = True
-                    self._report(("eval_trains",), "the model is trained in eval() mode; its forward "
-                                 "passes are now measured in eval mode too", level=logging.INFO)
-                with torch.no_grad():
-                    buf.pgrad[id(param)] = (name, param.grad.numel(),
-                                            S.grad_stats(param.grad, self._inv_scale(buf)))
+            if buf.eval_skipped and not buf.n_fwd and not self.eval_trains:
+                # a backward after eval()-mode forwards: this model trains in eval mode
+                self.eval_trains = True
+                self._report(("eval_trains",), "the model is trained in eval() mode; its forward "
+                             "passes are now measured in eval mode too", level=logging.INFO)
+            if param.grad is None:
+                return None
+            pend = self._pending
+            if pend is None or pend[0] is not buf:
+                self._capture_scale(buf)
+                pend = self._pending = (buf, [])
+                if not _queue_at_backward_end(self._grads_done):
+                    # not inside the autograd engine (no final callbacks): measure this one now
+                    self._pending = None
+                    with torch.no_grad():
+                        buf.pgrad.append(((pidx,), S.grad_norms([param.grad])))
+                    return None
+            pend[1].append((pidx, param.grad))  # its final value for this backward pass
         except Exception as e:  # noqa: BLE001
             self._report((name, "pgrad", type(e).__name__), f"parameter-gradient statistics failed: {e!r}")
         return None
 
-    def _inv_scale(self, buf: _StepBuffer):
-        """1 / the scaler's scale as a device tensor (``None`` without a scaler); no host sync.
+    def _grads_done(self) -> None:
+        """End of a backward pass: every gradient it accumulated, in a few batched norms."""
+        pend, self._pending = self._pending, None
+        if pend is None:
+            return
+        buf, fired = pend
+        try:
+            if not fired:
+                return
+            ids, grads = zip(*fired)
+            plan = self._plans.get(ids)
+            if plan is None:
+                if len(self._plans) >= 16:  # the set of gradients changes (e.g. frozen layers)
+                    self._plans.clear()
+                groups = S.norm_plan(list(grads))
+                # the norms come out group by group: the parameter indices in that order
+                order = tuple(ids[i] for pos in (*groups[0], groups[1]) for i in pos)
+                plan = self._plans[ids] = (groups, order)
+            groups, order = plan
+            with torch.no_grad():
+                try:
+                    norms = S.planned_norms(grads, groups)
+                except RuntimeError:  # a gradient changed shape or layout: measure them as they are
+                    norms, order = S.grad_norms(list(grads)), ids
+            buf.pgrad.append((order, norms))
+        except Exception as e:  # noqa: BLE001 - this runs inside backward(): never raise
+            self._report(("pgrad", type(e).__name__), f"parameter-gradient statistics failed: {e!r}")
+
+    def _capture_scale(self, buf: StepBuffer) -> None:
+        """The scaler's scale in force during this step's backward, as a device tensor (no
+        host sync); the host divides the gradient norms by it.
 
         Taken once per step, at its first gradient: ``GradScaler.update()`` changes the scale
-        in place after the step, so a copy keeps the scale these gradients were multiplied
-        by. Unscaling on the device (before squaring) keeps float32 sums from overflowing
-        under the large scales a long run grows to.
+        in place after the step, so a copy keeps the scale these gradients were multiplied by.
         """
-        if self.scaler is None:
-            return None
-        if buf.scale is None:
-            sc = self.scaler
-            if not sc.is_enabled():
-                return None
-            t = getattr(sc, "_scale", None)  # private, but the only sync-free view of the scale
-            if isinstance(t, torch.Tensor):
-                buf.scale = t.detach().reshape(1).float().clone()
-            else:  # pragma: no cover - a scaler-like object without a tensor scale
-                buf.scale = torch.tensor([float(sc.get_scale())])
-            buf.inv_scale = buf.scale.reciprocal()
-        return buf.inv_scale
+        if self.scaler is None or buf.scale is not None or not self.scaler.is_enabled():
+            return
+        t = getattr(self.scaler, "_scale", None)  # private, but the only sync-free view of the scale
+        if isinstance(t, torch.Tensor):
+            buf.scale = t.detach().reshape(1).float().clone()
+        else:  # pragma: no cover - a scaler-like object without a tensor scale
+            buf.scale = torch.tensor([float(self.scaler.get_scale())])
 
 
 # ---- helpers --------------------------------------------------------------------------
+
+def _queue_at_backward_end(fn: Callable[[], None]) -> bool:
+    """Run ``fn`` when the running backward pass ends (False when there is none)."""
+    try:
+        torch.autograd.Variable._execution_engine.queue_callback(fn)
+        return True
+    except RuntimeError:
+        return False
+
 
 def _guard_compiled_hooks() -> None:
     """Make torch.compile guard on module hooks.
@@ -297,27 +391,3 @@ def _compiling() -> bool:
         return bool(torch.compiler.is_compiling())
     except Exception:  # noqa: BLE001 - old torch
         return False
-
-
-def _tensors(args, kwargs):
-    for a in list(args) + list(kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            yield a
-        elif isinstance(a, (list, tuple)):
-            yield from (x for x in a if isinstance(x, torch.Tensor))
-
-
-def _first_tensor(output) -> torch.Tensor | None:
-    """A module's main output: the tensor itself, or the first element of a tuple/list
-    (LSTM, GRU and MultiheadAttention return (output, state))."""
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    return None
-
-
-def _describe(output) -> str:
-    if isinstance(output, torch.Tensor):
-        return f"tensor dtype={output.dtype} layout={output.layout}"
-    return type(output).__name__

@@ -11,22 +11,26 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from functools import partial
 from typing import Any, Iterable
 
 import torch
 from torch import nn
 
+from neuraldbg.causal.priors import as_priors
 from neuraldbg.config import DetectorConfig
 from neuraldbg.events.base import Event
 from neuraldbg.events.compress import EventLog, Propagation, compress
 from neuraldbg.events.registry import DetectorContext, build_detectors
 from neuraldbg.events.stepstats import StepStats
 from neuraldbg.monitor.addons import Addon, dist_rank
+from neuraldbg.monitor.autosave import Autosave
+from neuraldbg.monitor.lossinput import loss_value
 from neuraldbg.monitor.family import detect_family
 from neuraldbg.monitor.history import LossHistory
 from neuraldbg.monitor.hooks import ModuleHooks, unwrap
 from neuraldbg.monitor.probes import (StepSizeProbe, config_init_range, init_scale, last_out_features,
-                                      probed_weights, weight_census)
+                                      probed_weights, reference_stds, weight_census)
 from neuraldbg.monitor.transfer import HostTransfer
 from neuraldbg.queries import CausalQueries
 from neuraldbg.trace import LayerInfo, Trace
@@ -52,19 +56,27 @@ class NeuralDbg(CausalQueries):
         every: check every Nth step (1 = every step).
         config: detector thresholds (:class:`DetectorConfig` or a dict of its fields).
         detectors: names of registered detectors to run (all by default).
-        priors: path of a tuned prior file (default: the family's shipped priors).
-        output_grads: also record gradients w.r.t. module outputs (eager mode only).
-        sync_every: checked steps batched per host transfer (default 1 on CPU, 16 on GPU).
+        priors: path of a tuned prior file, or a ``Priors`` (default: the family's shipped
+            priors); read and validated here, so a bad file fails now, not at the first query.
+        output_grads: also record gradients w.r.t. module outputs (eager mode only; off by
+            default: no built-in detector reads them, and they cost a hook per output).
+        sync_every: checked steps batched per host transfer (default 16: queries flush first).
         scaler: the ``torch.amp.GradScaler`` of a mixed-precision loop, if any. Gradient
             statistics are then divided by the scale in force during backward, and steps whose
             gradients the scaler finds non-finite (it skips them) are not failures unless they
             recur (see ``docs/idioms.md``).
+        autosave: path the session is written to (atomically) while the run goes on: on entry,
+            on checked steps at most every ``autosave_interval`` seconds (0: every checked
+            step) and on exit, so a killed run keeps its diagnosis. Off (``None``) by default.
+        snapshots: ``True`` or a ring size ``K`` keeps bounded CPU checkpoints for
+            :meth:`verify` (``docs/verification.md``); off (``None``) by default.
     """
 
     def __init__(self, model: nn.Module, family: str | None = None, optimizer: Any = None, every: int = 1, *,
                  config: DetectorConfig | dict | None = None, detectors: Iterable[str] | None = None,
-                 priors: str | None = None, output_grads: bool = True, sync_every: int | None = None,
-                 scaler: Any = None) -> None:
+                 priors: Any = None, output_grads: bool = False, sync_every: int | None = None,
+                 scaler: Any = None, snapshots: bool | int | None = None, autosave: Any = None,
+                 autosave_interval: float = 30.0) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"NeuralDbg expects a torch.nn.Module, got {type(model).__name__}")
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
@@ -81,22 +93,22 @@ class NeuralDbg(CausalQueries):
         self.optimizer = optimizer
         self.every = every
         self.config = config
-        self.priors_path = str(priors) if priors is not None else None
+        self._priors = as_priors(priors, self.family)
+        self.priors_path = str(priors) if priors is not None and priors is not self._priors else None
         self.output_grads = output_grads
         if scaler is not None and not (hasattr(scaler, "scale") and hasattr(scaler, "get_scale")):
             raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
         self.scaler = scaler
         self._consumed = 0
         self._detector_names = None if detectors is None else list(detectors)
-        on_gpu = any(p.is_cuda for p in self.root.parameters())
-        sync_every = sync_every if sync_every is not None else (16 if on_gpu else 1)
+        # batched on the CPU too: reading 16 steps in a row keeps the host code's caches warm
+        sync_every = sync_every if sync_every is not None else 16
         if sync_every < 1:
             raise ValueError(f"sync_every must be >= 1, got {sync_every}")
         self._hooks = ModuleHooks(self.root, every=every, config=config, output_grads=output_grads,
                                   scaler=scaler, report=self._report)
         self._transfer = HostTransfer(sync_every, self._consume)
-        self._order: list[str] = []  # forward order of first completion
-        self._order_pos: dict[str, int] = {}  # name -> index in _order
+        self._order, self._order_pos = self._hooks.order, self._hooks.order_pos  # forward order, kept by the hooks
         self._reported: set[tuple] = set()
         self._step = 0
         self._user_steps = False
@@ -105,13 +117,18 @@ class NeuralDbg(CausalQueries):
         self._loss = LossHistory()
         self._first_step: int | None = None
         self._last_step = 0
-        self._entered = False
+        self._entered = self._exited = False
         self._init_scale: tuple[float | None, int] = (None, 0)
         self._census = None  # the weight matrices and their norms on entry (probes.weight_census)
         self._step_probe: StepSizeProbe | None = None
         self._closed_active = False  # whether the step closed last was a checked one
         self.rank, self.world_size = dist_rank()
         self._addons: list[Addon] = []  # optional parts with a lifecycle (monitor/addons.py)
+        if snapshots:  # checkpoints for verify(); the reference init scales serve its re-initialization
+            from neuraldbg.verify.snapshots import make_snapshots
+            self._addons.append(make_snapshots(snapshots, partial(reference_stds, init_range=config_init_range(model))))
+        if autosave is not None:  # the session on disk while training runs (monitor/autosave.py)
+            self._addons.append(Autosave(autosave, autosave_interval))
 
     @property
     def sync_every(self) -> int:
@@ -125,7 +142,8 @@ class NeuralDbg(CausalQueries):
     # ---- lifecycle -------------------------------------------------------------------
     def __enter__(self) -> "NeuralDbg":
         if self._entered:
-            raise RuntimeError("this NeuralDbg is already active; create a new one per run")
+            raise RuntimeError(f"this NeuralDbg is already {'used' if self._exited else 'active'}; "
+                               "create a new one per run")
         self._entered = True
         try:
             self._hooks.register()
@@ -139,6 +157,7 @@ class NeuralDbg(CausalQueries):
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        self._exited = True
         self._hooks.remove()
         if self._step_probe is not None:
             self._safe(self._step_probe.remove, "step size")
@@ -213,20 +232,16 @@ class NeuralDbg(CausalQueries):
             self._call_addons("step_started", value, self._hooks.buf.active)
 
     def record_loss(self, loss: float | torch.Tensor) -> None:
-        """Record this step's loss (a float or 0-d tensor; no device sync).
+        """Record this step's loss: any real scalar (Python or numpy number, one-element array
+        or tensor of a real dtype; no device sync). Complex or non-numeric values raise
+        ``TypeError``, a call after the ``with`` block ``RuntimeError``.
 
         Several calls in one step (set with ``dbg.step``) are averaged. Without ``dbg.step``
         each call ends the step and advances it.
         """
-        losses = self._hooks.buf.losses
-        if isinstance(loss, torch.Tensor):
-            if loss.numel() != 1:
-                raise ValueError(f"record_loss expects a scalar loss, got a tensor of shape {tuple(loss.shape)}")
-            losses.append(loss.detach().reshape(()))
-        elif isinstance(loss, (int, float)) and not isinstance(loss, bool):
-            losses.append(float(loss))
-        else:
-            raise TypeError(f"record_loss expects a float or a 0-d tensor, got {type(loss).__name__}")
+        if self._exited:
+            raise RuntimeError("record_loss called after the with block exited; create a new NeuralDbg per run")
+        self._hooks.add_loss(loss_value(loss))
         if not self._user_steps:
             self._safe(self._close_step, "close")
             self._start_step(self._step + 1)
@@ -236,18 +251,14 @@ class NeuralDbg(CausalQueries):
         buf = self._hooks.take()
         if buf is None:
             return
-        for name, *_ in buf.fwd:
-            if name not in self._order_pos:
-                self._order_pos[name] = len(self._order)
-                self._order.append(name)
-        self._transfer.push(buf)
+        self._transfer.push(buf)  # O(1): the hooks keep the forward order as they fire
         if self._addons:
             self._call_addons("step_closed", buf.step, buf.active)
 
     # ---- detectors ---------------------------------------------------------------------
     def _consume(self, st: StepStats) -> None:
-        self._consumed += 1
-        if self._consumed % MODULE_CHECK_EVERY == 1:
+        self._consumed += bool(st.names)  # checked steps only: a loss-only step saw no module
+        if st.names and self._consumed % MODULE_CHECK_EVERY == 1:
             # a walk of named_modules on the host, so only every few checks: catches layers
             # added or swapped mid-run within MODULE_CHECK_EVERY checked steps
             self._safe(self._check_modules, "module check")
@@ -362,7 +373,18 @@ class NeuralDbg(CausalQueries):
         """Write the session as one versioned JSON document (atomically); returns the path."""
         from neuraldbg.session import export_trace
 
-        return export_trace(self.trace(), path, config=self.config.to_dict(), priors=self.priors_path)
+        return export_trace(self.trace(), path, config=self.config.to_dict(), priors=self.priors)
+
+    def verify(self, replay, steps: int = 20, top: int = 3):
+        """Replay each top hypothesis' window with its fix; a ``Verification`` (docs/verification.md)."""
+        from neuraldbg.verify.api import verify
+        return verify(self, replay, steps=steps, top=top)
+
+    @property
+    def snapshot_bytes(self) -> int:
+        """CPU bytes held by the snapshots (0 when ``snapshots`` is off)."""
+        from neuraldbg.verify.api import snapshot_bytes
+        return snapshot_bytes(self)
 
     def __repr__(self) -> str:
         return (f"NeuralDbg(family={self.family!r}, every={self.every}, modules={len(self._hooks.modules)}, "

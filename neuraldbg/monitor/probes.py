@@ -121,6 +121,15 @@ def layer_ratios(before: list[torch.Tensor], after: list[torch.Tensor], layer_in
     return torch.where(wsq > 0, (dsq / torch.where(wsq > 0, wsq, torch.ones_like(wsq))).sqrt(), nan)
 
 
+def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """An index tensor on ``device`` without a blocking copy (a pinned, asynchronous one on
+    CUDA), so that the training loop never waits for the device."""
+    t = torch.tensor(values)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 class StepSizeProbe:
     """Optimizer step pre/post hooks measuring the update-to-weight ratio on checked steps.
 
@@ -189,7 +198,7 @@ class StepSizeProbe:
             names = sorted({self.owner[id(p)] for p in params})
             pos = {n: i for i, n in enumerate(names)}
             self._params, self._n_layers = params, len(names)
-            self._index = torch.tensor([pos[self.owner[id(p)]] for p in params], device=params[0].device)
+            self._index = _to_device([pos[self.owner[id(p)]] for p in params], params[0].device)
         with torch.no_grad():
             self._before = torch._foreach_mul([p.detach() for p in params], 1.0)
 

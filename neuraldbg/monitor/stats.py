@@ -1,11 +1,17 @@
 """Per-module statistics computed on the device, as pure functions of tensors.
 
-Each function returns a small 1-d float32 tensor (a few reductions) and never moves data
-to the host: the monitor concatenates one step's results and transfers them once. Derived
-quantities (RMS, mean and std) are computed on the host from these sums, by the float helpers
-of :mod:`neuraldbg.events.stepstats`.
+Each function returns 0-d (or, for parameter gradients, 1-d) float tensors and never moves
+data to the host: the monitor stacks one step's results into one tensor and transfers it
+once. The reductions are chosen for the fewest kernels per output: a sum for every module
+(finiteness), a sum of squares (one dot product) for modules owning parameters, one
+per-unit ``amax`` instead of the sum for ReLU-like modules (dead units and finiteness from
+the same pass) and one comparison for bounded ones (saturation); gradients are L2 norms, squared on the host. Derived
+quantities (RMS, mean and std) are computed on the host, by
+:mod:`neuraldbg.events.stepstats`.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -23,13 +29,10 @@ BOUNDED: dict[type[nn.Module], tuple[float, float]] = {
     nn.Softsign: (-1.0, 1.0),
 }
 SOFTMAX: tuple[type[nn.Module], ...] = (nn.Softmax,)
+#: activation kinds whose outputs carry a third statistic (dead or saturated fraction)
+FRACTION_KINDS = ("relu", "bounded", "softmax")
 
-#: stat layout of each group; the monitor splits the transferred vector with these names
-OUT_FIELDS = ("sum", "sumsq")
-DEAD_FIELDS = OUT_FIELDS + ("dead_frac",)
-SAT_FIELDS = OUT_FIELDS + ("sat_frac",)
-INPUT_FIELDS = ("sum", "sumsq", "nan", "inf")
-GRAD_FIELDS = ("sumsq",)
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def activation_kind(module: nn.Module) -> str:
@@ -66,74 +69,166 @@ def unit_reduce_dims(y: torch.Tensor) -> tuple[int, ...]:
     return tuple(range(y.dim() - 1))
 
 
-def sums(y: torch.Tensor) -> torch.Tensor:
-    """[sum, sum of squares] in float32 (float32 even for half inputs, so sums do not overflow)."""
-    y = y.detach().float()
-    return torch.stack((y.sum(), (y * y).sum()))
+def _acc(t: torch.Tensor) -> dict:
+    # half inputs accumulate in float32 (sums of squares of 300 overflow float16); float64
+    # keeps its own precision (torch refuses to narrow it in a reduction)
+    return {"dtype": torch.float32} if t.dtype in _HALF else {}
 
 
-def dead_fraction(y: torch.Tensor) -> torch.Tensor:
-    """Fraction of units never positive anywhere in the batch (0-d tensor)."""
-    y = y.detach()
-    if y.dim() == 0:
-        return (y <= 0).float()
-    active = (y > 0).any(dim=0) if y.dim() <= 3 else (y > 0).transpose(0, 1).flatten(1).any(dim=1)
-    if y.dim() == 3:
-        active = active.any(dim=0)
-    return 1.0 - active.float().mean()
+def total(y: torch.Tensor) -> torch.Tensor:
+    """Sum of all elements (0-d, float32 accumulation for half inputs)."""
+    return y.sum(**_acc(y))
+
+
+def norm(y: torch.Tensor) -> torch.Tensor:
+    """L2 norm of all elements (0-d), in one kernel and without a temporary the size of
+    ``y``. NaN and Inf propagate into it."""
+    return torch.linalg.vector_norm(y, **_acc(y))
+
+
+def sumsq(y: torch.Tensor) -> torch.Tensor:
+    """Sum of squares of all elements (0-d): one dot product for a contiguous float32/64
+    tensor, else the square of :func:`norm` (float32 accumulation for half inputs)."""
+    if y.dtype in (torch.float32, torch.float64) and y.is_contiguous() and y.device.type != "meta":
+        flat = y.view(-1)
+        return torch.dot(flat, flat)
+    return norm(y).square()
+
+
+def unit_count(y: torch.Tensor) -> int:
+    """Number of units of an output (see :func:`unit_reduce_dims`)."""
+    if y.dim() <= 1:
+        return 1
+    return int(y.shape[1] if y.dim() >= 4 else y.shape[-1])
+
+
+def relu_units(y: torch.Tensor) -> torch.Tensor:
+    """Per-unit maxima over the batch (1-d) of a ReLU-like output (>= 0): one pass over ``y``.
+
+    The host reads both ReLU statistics from it: its sum is finite exactly when the output is
+    (NaN and +Inf propagate into a unit's maximum, and a ReLU-like output has no -Inf), which
+    is all that is read of a ReLU's sum; a unit is active when its maximum is not 0 (a NaN
+    unit counts as active: its output is not finite, which the detectors read first). The
+    dead fraction is ``1 - active / units``.
+    """
+    return y.amax(dim=unit_reduce_dims(y)).reshape(-1) if y.dim() > 0 else y.reshape(1)
+
+
+def relu_stats(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sum of per-unit maxima, active fraction)`` on the device (see :func:`relu_units`),
+    for hooks traced by ``torch.compile``, where the host cannot follow unit counts."""
+    units = relu_units(y)
+    return total(units), torch.count_nonzero(units) / units.numel()
 
 
 def saturated_fraction(y: torch.Tensor, low: float, high: float, margin: float) -> torch.Tensor:
     """Fraction of elements within ``margin`` (relative to the range) of either bound."""
-    y = y.detach().float()
+    y = y.detach()
+    y = y.float() if y.dtype in _HALF else y
     eps = margin * (high - low)
-    return ((y <= low + eps) | (y >= high - eps)).float().mean()
+    return torch.mean((y <= low + eps) | (y >= high - eps), dtype=torch.float32)
 
 
 def softmax_saturated_fraction(y: torch.Tensor, dim: int | None, margin: float) -> torch.Tensor:
     """Fraction of softmax rows whose largest probability is within ``margin`` of 1."""
-    y = y.detach().float()
+    y = y.detach()
+    y = y.float() if y.dtype in _HALF else y
     d = -1 if dim is None else dim
-    return (y.amax(dim=d) >= 1.0 - margin).float().mean()
+    return torch.mean(y.amax(dim=d) >= 1.0 - margin, dtype=torch.float32)
 
 
-def output_stats(y: torch.Tensor, kind: str, *, bounds: tuple[float, float] | None = None,
-                 softmax_dim: int | None = None, margin: float = 0.01) -> torch.Tensor:
-    """Stats of a module output: :data:`OUT_FIELDS`, plus dead or saturated fraction by ``kind``."""
-    base = sums(y)
+def output_stats(y: torch.Tensor, kind: str, *, sq: bool = True, bounds: tuple[float, float] | None = None,
+                 softmax_dim: int | None = None, margin: float = 0.01, traced: bool = False) -> tuple[torch.Tensor, ...]:
+    """Stats of a module output (``y`` must have an element): the sum; the sum of squares
+    when ``sq`` (the monitor asks for it on modules that own parameters, whose gradient
+    events report the output RMS); then by ``kind`` the saturated fraction (``bounded`` with
+    bounds, ``softmax``). A ``relu`` output gives its per-unit maxima instead of the sum
+    (1-d, first: :func:`relu_units`), or under ``traced`` (``torch.compile``) the 0-d
+    ``(sum of maxima, [sum of squares], active fraction)``."""
+    y = y.detach()
     if kind == "relu":
-        return torch.cat((base, dead_fraction(y).reshape(1)))
-    if kind == "bounded" and bounds is not None:
-        return torch.cat((base, saturated_fraction(y, bounds[0], bounds[1], margin).reshape(1)))
+        if traced:
+            finite, active = relu_stats(y)
+            return (finite, sumsq(y), active) if sq else (finite, active)
+        return (relu_units(y), sumsq(y)) if sq else (relu_units(y),)
+    out = (total(y), sumsq(y)) if sq else (total(y),)
+    if kind == "bounded":
+        if bounds is None:  # a bounded kind always has bounds (bounds_of); guard the layout
+            raise ValueError("bounded output statistics need the bounds")
+        return out + (saturated_fraction(y, bounds[0], bounds[1], margin),)
     if kind == "softmax":
-        return torch.cat((base, softmax_saturated_fraction(y, softmax_dim, margin).reshape(1)))
-    return base
+        return out + (softmax_saturated_fraction(y, softmax_dim, margin),)
+    return out
 
 
-def input_stats(x: torch.Tensor) -> torch.Tensor:
-    """Stats of a model input: :data:`INPUT_FIELDS` (sums over finite entries, NaN and Inf counts)."""
-    x = x.detach().float()
-    finite = torch.isfinite(x)
-    xf = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device))
-    nan = torch.isnan(x).sum().float()
-    inf = (~finite).sum().float() - nan
-    return torch.stack((xf.sum(), (xf * xf).sum(), nan, inf))
+def input_stats(x: torch.Tensor, host_check: bool | None = None) -> tuple[torch.Tensor, ...]:
+    """0-d stats of a model input: ``(sum, norm, finite count, non-NaN count)``.
 
-
-def grad_stats(g: torch.Tensor, inv_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Stats of a gradient: :data:`GRAD_FIELDS` (sum of squares; NaN/Inf propagate into it).
-
-    ``inv_scale`` (a 1-element tensor, 1 / a loss scaler's scale) unscales the gradient first.
+    The sums run over every entry, so they are only meaningful when every entry is finite
+    (the host reads the counts first). On the CPU a finite sum and norm prove every entry
+    finite (NaN and Inf propagate into both), and reading two CPU scalars costs no device
+    sync, so the counts (``isnan``/``isfinite``: slow CPU kernels) are only computed for an
+    input that is not finite. ``host_check`` forces one path (default: that one for CPU
+    tensors outside ``torch.compile``, where a scalar read would break the graph).
     """
+    x = x.detach()
+    s, nr = total(x), norm(x)
+    if host_check is None:
+        host_check = x.device.type == "cpu" and not torch.compiler.is_compiling()
+    if host_check and math.isfinite(float(s)) and math.isfinite(float(nr)):
+        n = torch.full((), float(x.numel()), dtype=s.dtype)
+        return s, nr, n, n
+    return s, nr, torch.isfinite(x).sum(dtype=s.dtype), torch.isnan(x).logical_not_().sum(dtype=s.dtype)
+
+
+def grad_norm(g: torch.Tensor) -> torch.Tensor:
+    """L2 norm (0-d) of one gradient, sparse or dense; NaN and Inf propagate into it."""
     g = g.detach()
     if g.is_sparse:
         g = g.coalesce().values()
-    g = g.float()
-    if inv_scale is not None:
-        g = g * inv_scale.to(g.device)
-    return (g * g).sum().reshape(1)
+    return norm(g)
 
 
-def fields_for(kind: str) -> tuple[str, ...]:
-    """The output-stat layout for an activation kind."""
-    return {"relu": DEAD_FIELDS, "bounded": SAT_FIELDS, "softmax": SAT_FIELDS}.get(kind, OUT_FIELDS)
+def grad_norms(grads: list[torch.Tensor]) -> torch.Tensor:
+    """L2 norms of many gradients as one 1-d float tensor: one ``torch._foreach_norm`` when
+    they are dense on one device (the common case), else one norm per gradient."""
+    try:
+        return torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32))
+    except (RuntimeError, NotImplementedError, TypeError):
+        # sparse gradients, float64 ones (no narrowing) or several devices
+        dev = grads[0].device
+        return torch.stack([grad_norm(g).to(dev) for g in grads])
+
+
+#: gradients up to this many elements are stacked by shape and measured together: copying a
+#: small tensor costs less than one more kernel launch for it
+SMALL = 4096
+
+
+def norm_plan(grads: list[torch.Tensor]) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+    """``(groups, rest)``: positions in ``grads`` for :func:`planned_norms`. A group holds the
+    small dense gradients of one (shape, dtype, device) that occurs more than once; the rest
+    go to :func:`grad_norms` together."""
+    groups: dict[tuple, list[int]] = {}
+    rest: list[int] = []
+    for i, g in enumerate(grads):
+        if g.numel() <= SMALL and g.dim() > 0 and not g.is_sparse and g.dtype in (torch.float32, *_HALF):
+            groups.setdefault((tuple(g.shape), g.dtype, g.device), []).append(i)
+        else:
+            rest.append(i)
+    rest += [v[0] for v in groups.values() if len(v) == 1]
+    return tuple(tuple(v) for v in groups.values() if len(v) > 1), tuple(rest)
+
+
+def planned_norms(grads: list[torch.Tensor], plan) -> torch.Tensor:
+    """Norms of ``grads`` in the order of ``plan``'s positions (groups, then the rest; see
+    :func:`norm_plan`): each group of same-shaped small gradients is stacked and reduced in
+    one kernel, so thousands of small layers cost a few kernels, not thousands."""
+    groups, rest = plan
+    parts = []
+    for pos in groups:
+        stacked = torch.stack([grads[i] for i in pos])
+        parts.append(torch.linalg.vector_norm(stacked, dim=tuple(range(1, stacked.dim())), dtype=torch.float32))
+    if rest:
+        parts.append(grad_norms([grads[i] for i in rest]))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -40,3 +40,20 @@ def test_saturation_only_where_measured():
     det = ActivationRegimeDetector(DetectorConfig(regime_persistence=1), CTX)
     assert det.update(st(0, sat_frac=0.9))[0].kind == "saturated"
     assert det.update(st(1)) == []  # an unbounded output carries no saturation statistic
+
+
+def test_a_step_without_the_layer_neither_extends_nor_breaks_its_run():
+    det = ActivationRegimeDetector(DetectorConfig(regime_persistence=3), CTX)
+    other = StepStats(step=1, layers={"lin": {"out_sum": 1.0}})  # the ReLU did not run
+    assert det.update(st(0, dead_frac=0.95)) == [] and det.update(other) == []
+    assert det.update(st(2, dead_frac=0.95)) == []
+    ev = det.update(st(3, dead_frac=0.95))
+    assert [(e.kind, e.step, e.count) for e in ev] == [("dead", 0, 3)]
+
+
+def test_a_healthy_layer_after_a_run_breaks_it():
+    det = ActivationRegimeDetector(DetectorConfig(regime_persistence=2), CTX)
+    assert det.update(st(0, dead_frac=0.95)) == []
+    assert det.update(st(1, dead_frac=0.1)) == []  # nothing holds, but a run was going on
+    assert det.update(st(2, dead_frac=0.95)) == []
+    assert [e.step for e in det.update(st(3, dead_frac=0.95))] == [2]

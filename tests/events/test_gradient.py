@@ -1,7 +1,12 @@
 import math
 
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from neuraldbg.config import DetectorConfig
-from neuraldbg.events.gradient import GradientHealthDetector, exploding_layers, vanishing_layers
+from neuraldbg.events.gradient import (GradientHealthDetector, exploding_growth, exploding_layers, vanishing_layers,
+                                       vanishing_mask)
 from neuraldbg.events.registry import DetectorContext
 from neuraldbg.events.stepstats import StepStats
 
@@ -55,3 +60,37 @@ def test_recovery_from_vanished_init_is_not_exploding():
     # the absolute ceiling still applies to such a layer
     evs = det.update(stats(6, {"a": 50.0, "b": 0.02, "c": 0.01}))
     assert [(e.kind, e.layer) for e in evs] == [("exploding", "a")]
+
+
+def test_layers_are_followed_by_name_when_the_step_names_change():
+    det = GradientHealthDetector(DetectorConfig(), CTX)
+    for s in range(5):
+        rms = {"a": 0.01, "b": 0.02, "c": 0.01}
+        det.update(stats(s, dict(reversed(list(rms.items()))) if s % 2 else rms))
+    # a layer missing from a step keeps its baseline; a new layer gets its own
+    evs = det.update(stats(5, {"d": 0.02, "a": 5.0}))
+    assert [(e.kind, e.layer) for e in evs] == [("exploding", "a")]
+    assert math.isclose(evs[0].measured["baseline_rms"], 0.01)
+
+
+def test_a_layer_without_gradients_is_missing_not_vanished():
+    det = GradientHealthDetector(DetectorConfig(), CTX)
+    step = StepStats(step=0, has_backward=True, layers={"a": {"pgrad_sumsq": 1e-2, "pgrad_n": 10},
+                                                      "b": {"out_sum": 1.0}, "c": {"pgrad_sumsq": 0.0,
+                                                                                    "pgrad_n": 10}})
+    assert det.update(step) == []  # b has no gradient, c's are exactly zero: neither is an observation
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.floats(1e-12, 1e3), st.just(math.nan), st.just(math.inf)), min_size=1, max_size=6),
+       st.lists(st.one_of(st.floats(1e-9, 10.0), st.just(math.nan)), min_size=6, max_size=6))
+def test_the_quiet_screen_never_hides_an_event(r, base):
+    cfg = DetectorConfig()
+    det = GradientHealthDetector(cfg, CTX)
+    r = np.array(r)
+    trusted = np.array(base[:len(r)])
+    if det._quiet(r, np.where(trusted > cfg.vanish_abs, trusted, np.nan)):
+        growth = exploding_growth(r, trusted, abs_ceiling=cfg.explode_abs, rel=cfg.explode_rel,
+                                  ratio=cfg.explode_ratio, floor=cfg.vanish_abs)
+        assert np.isnan(growth).all()
+        assert not vanishing_mask(r, cfg.vanish_abs, cfg.vanish_ratio)[0].any()

@@ -34,12 +34,13 @@ def seen(monkeypatch):
     return out
 
 
-def amp_train(model, steps=60, *, scaler_kwargs=None, monitor=True, autocast=True, dtype=torch.bfloat16, seed=0):
+def amp_train(model, steps=60, *, scaler_kwargs=None, monitor=True, autocast=True, dtype=torch.bfloat16, seed=0,
+              **monitor_kwargs):
     """A standard autocast + GradScaler loop; returns (losses, dbg, scales seen before each step)."""
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     scaler = torch.amp.GradScaler("cpu", **(scaler_kwargs or {})) if scaler_kwargs is not None else None
-    dbg = NeuralDbg(model, scaler=scaler) if monitor else None
+    dbg = NeuralDbg(model, scaler=scaler, **monitor_kwargs) if monitor else None
     losses, scales = [], []
     if dbg:
         dbg.__enter__()
@@ -76,10 +77,11 @@ def test_autocast_bf16_healthy_run_has_no_events():
 
 
 def test_grad_scaler_statistics_are_unscaled(seen):
-    amp_train(mlp(), steps=3, scaler_kwargs={}, autocast=False)
+    # output gradients are off by default; turned on here so both gradient paths are unscaled
+    amp_train(mlp(), steps=3, scaler_kwargs={}, autocast=False, output_grads=True)
     scaled = list(seen)
     seen.clear()
-    amp_train(mlp(), steps=3, autocast=False)
+    amp_train(mlp(), steps=3, autocast=False, output_grads=True)
     # the default scale is a power of two, so unscaling is exact: same numbers as without scaler
     assert scaled[0].grad_scale == 2.0 ** 16 and seen[0].grad_scale is None
     for layer in ("0", "2", "4"):

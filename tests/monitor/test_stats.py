@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 from torch import nn
 
@@ -9,22 +10,57 @@ from neuraldbg.monitor import stats as S
 
 def test_sums_and_host_helpers():
     y = torch.tensor([[1.0, -1.0], [3.0, 1.0]])
-    s, ss = S.sums(y).tolist()
+    s, ss = S.total(y).item(), S.sumsq(y).item()
     assert (s, ss) == (4.0, 12.0)
+    assert S.norm(y).item() == pytest.approx(math.sqrt(12.0))
+    assert S.sumsq(y.t()).item() == 12.0  # a non-contiguous view goes through the norm
     assert rms(ss, 4) == math.sqrt(3.0)
     m, sd = mean_std(s, ss, 4)
     assert m == 1.0 and math.isclose(sd, math.sqrt(2.0))
 
 
+def test_half_sums_accumulate_in_float32():
+    big = torch.full((4,), 300.0, dtype=torch.float16)  # 300^2 overflows fp16, not fp32
+    assert S.sumsq(big).dtype == torch.float32 and S.sumsq(big).item() == 4 * 90000.0
+    assert S.total(big).dtype == torch.float32
+
+
+def dead(y):
+    """The dead fraction the host derives from the per-unit maxima: 1 - active / units."""
+    units = S.relu_units(y)
+    assert units.numel() == S.unit_count(y)
+    assert S.relu_stats(y)[1].item() == pytest.approx(float((units != 0).float().mean()))  # the compiled path
+    return 1.0 - (units != 0).float().mean().item()
+
+
 def test_dead_fraction_per_unit_over_batch():
     y = torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 2.0, 0.0]])  # units 0 and 3 never fire
-    assert S.dead_fraction(y).item() == 0.5
+    assert dead(y) == 0.5
     conv = torch.zeros(2, 4, 3, 3)
     conv[:, 1] = 1.0
-    assert S.dead_fraction(conv).item() == 0.75  # channels are the units
+    assert dead(conv) == 0.75  # channels are the units
     seq = torch.zeros(2, 5, 4)
     seq[1, 3, 2] = 1.0
-    assert S.dead_fraction(seq).item() == 0.75
+    assert dead(seq) == 0.75
+
+
+def test_relu_sum_of_maxima_is_finite_exactly_when_the_output_is():
+    y = torch.rand(8, 5)
+    assert math.isfinite(S.relu_units(y).sum().item()) and math.isfinite(S.relu_stats(y)[0].item())
+    y[3, 2] = float("nan")
+    assert math.isnan(S.relu_units(y).sum().item()) and math.isnan(S.relu_stats(y)[0].item())
+    y[3, 2] = float("inf")
+    assert math.isinf(S.relu_units(y).sum().item()) and math.isinf(S.relu_stats(y)[0].item())
+
+
+def test_output_stats_layout_by_kind():
+    y = torch.rand(6, 4)
+    assert len(S.output_stats(y, "plain", sq=True)) == 2 and len(S.output_stats(y, "plain", sq=False)) == 1
+    assert [t.dim() for t in S.output_stats(y, "relu", sq=True)] == [1, 0]  # per-unit maxima, sum of squares
+    assert len(S.output_stats(y, "relu", sq=False, traced=True)) == 2
+    assert len(S.output_stats(y, "bounded", sq=True, bounds=(0.0, 1.0))) == 3
+    with pytest.raises(ValueError, match="bounds"):
+        S.output_stats(y, "bounded", sq=False)
 
 
 def test_saturation_only_for_bounded():
@@ -36,13 +72,19 @@ def test_saturation_only_for_bounded():
     assert S.softmax_saturated_fraction(p, -1, 0.01).item() == 0.5
 
 
-def test_input_stats_counts_nan_and_inf_and_sums_finite():
-    x = torch.tensor([1.0, float("nan"), float("inf"), 3.0])
-    assert S.input_stats(x).tolist() == [4.0, 10.0, 1.0, 1.0]
+@pytest.mark.parametrize("host_check", [True, False])  # False: the counting path (GPU, torch.compile)
+def test_input_stats_counts_nan_and_inf(host_check):
+    x = torch.tensor([1.0, float("nan"), float("inf"), 3.0, -float("inf")])
+    s, nr, finite, not_nan = S.input_stats(x, host_check)
+    assert (finite.item(), not_nan.item()) == (2.0, 4.0)  # 3 non-finite, 1 NaN: 2 infs
+    clean = torch.tensor([1.0, 2.0, 3.0])
+    s, nr, finite, not_nan = S.input_stats(clean, host_check)
+    assert (s.item(), nr.item() ** 2, finite.item(), not_nan.item()) == (6.0, pytest.approx(14.0), 3.0, 3.0)
 
 
-def test_grad_stats_propagates_nonfinite_and_handles_half():
-    assert S.grad_stats(torch.tensor([3.0, 4.0])).item() == 25.0
-    assert math.isnan(S.grad_stats(torch.tensor([float("nan")])).item())
-    big = torch.full((4,), 300.0, dtype=torch.float16)  # 300^2 overflows fp16, not fp32
-    assert S.grad_stats(big).item() == 4 * 90000.0
+def test_grad_norms_propagate_nonfinite_and_handle_half_and_sparse():
+    grads = [torch.tensor([3.0, 4.0]), torch.tensor([float("nan")]), torch.full((4,), 300.0, dtype=torch.float16)]
+    n = S.grad_norms(grads)
+    assert n.dtype == torch.float32 and n[0].item() == 5.0 and math.isnan(n[1].item()) and n[2].item() == 600.0
+    sparse = torch.sparse_coo_tensor([[0, 2]], [3.0, 4.0], (5,), check_invariants=True)
+    assert S.grad_norms([sparse, torch.tensor([1.0], dtype=torch.float64)]).tolist() == [5.0, 1.0]

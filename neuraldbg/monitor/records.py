@@ -1,0 +1,141 @@
+"""What one step records on the device, and the tables the host reads it back with.
+
+Each hook call appends one record ``(slot, element count, 0-d tensors)`` to the step's
+:class:`StepBuffer`; a *slot* says which module and statistic group it is, so the host
+(:mod:`neuraldbg.monitor.transfer`) can compile one layout per distinct sequence of slots.
+Tables only grow: a step recorded before the model changed still reads correctly after.
+The helpers at the end say what a hook reads of a module's arguments and output.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from neuraldbg.monitor import stats as S
+
+#: slot groups of a step's record: a module output, an output gradient, the model input,
+#: and an output with no elements (no values: the marker of a missing observation)
+OUT, GOUT, INPUT, EMPTY = 0, 1, 2, 3
+#: the slot of the model input (there is one table per monitor)
+INPUT_SLOT = 0
+
+
+class Tables:
+    """Append-only index of layer names, record slots and hooked parameters.
+
+    The host reads a step's flat vector with it (:mod:`neuraldbg.monitor.transfer`): a slot
+    is ``(group, layer index, activation kind, carries a sum of squares, ReLU unit count)``;
+    a parameter has a layer and a size. Entries
+    are never removed or renumbered (a replaced module gets new slots under its old layer
+    index), so a step recorded before the model changed still reads correctly after.
+    """
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.index: dict[str, int] = {}
+        self.slots: list[tuple[int, int, str | None, bool, int]] = [(INPUT, -1, None, False, 0)]
+        self.param_layer: list[int] = []
+        self.param_numel: list[int] = []
+        self.version = 0  # bumped on every addition: cached readers rebuild
+
+    def layer(self, name: str) -> int:
+        """The index of layer ``name`` (added when new)."""
+        i = self.index.get(name)
+        if i is None:
+            i = self.index[name] = len(self.names)
+            self.names.append(name)
+            self.version += 1
+        return i
+
+    def slot(self, group: int, layer: int, kind: str | None = None, sq: bool = False, units: int = 0) -> int:
+        """A new record slot (``kind``: activation kind of an output, ``sq``: whether its
+        record carries a sum of squares, ``units``: a ReLU-like output's unit count)."""
+        self.slots.append((group, layer, kind, sq, units))
+        self.version += 1
+        return len(self.slots) - 1
+
+    def param(self, layer: int, numel: int) -> int:
+        """A new parameter index."""
+        self.param_layer.append(layer)
+        self.param_numel.append(numel)
+        self.version += 1
+        return len(self.param_layer) - 1
+
+
+class StepBuffer:
+    """What the hooks recorded in one step, still on the device."""
+
+    __slots__ = ("step", "active", "tables", "records", "pgrad", "losses", "scale", "eval_skipped", "n_fwd",
+                 "n_gout", "traced")
+
+    def __init__(self, step: int, active: bool, tables: Tables) -> None:
+        self.step = step
+        self.active = active
+        self.tables = tables
+        self.records: list[tuple] = []  # (slot, element count, 0-d tensors): one append per hook call
+        self.pgrad: list[tuple] = []    # (parameter indices, 1-d norms) per backward pass: last wins
+        self.losses: list = []          # float or 0-d tensor
+        self.scale: Any = None          # GradScaler scale during this step's backward (1-element tensor)
+        self.eval_skipped = False       # forwards skipped because the model was in eval()
+        self.n_fwd = 0                  # module outputs measured
+        self.n_gout = 0                 # output gradients measured
+        self.traced = False             # recorded by hooks traced under torch.compile
+
+    def empty(self) -> bool:
+        return not (self.records or self.pgrad or self.losses)
+
+
+class Spec:
+    """What a module's hooks need, looked up once at registration."""
+
+    __slots__ = ("name", "kind", "bounds", "dim", "sq", "layer", "out", "gout", "empty", "by_units", "tables")
+
+    def __init__(self, name: str, mod: nn.Module, layer: int, tables: Tables) -> None:
+        self.name = name
+        self.kind = S.activation_kind(mod)
+        self.bounds = S.bounds_of(mod)
+        self.dim = getattr(mod, "dim", None)
+        # the output RMS is read by gradient events only, so only where gradients are
+        self.sq = next(iter(mod.parameters(recurse=False)), None) is not None
+        self.layer, self.tables = layer, tables
+        self.out = tables.slot(OUT, layer, self.kind, self.sq)
+        self.gout = tables.slot(GOUT, layer)
+        self.empty = tables.slot(EMPTY, layer)
+        self.by_units: dict[int, int] = {}  # ReLU-like: a slot per unit count (divided on the host)
+
+    def relu_slot(self, units: int) -> int:
+        """The output slot of a ReLU-like module for outputs of ``units`` units."""
+        slot = self.by_units.get(units)
+        if slot is None:
+            slot = self.by_units[units] = self.tables.slot(OUT, self.layer, self.kind, self.sq, units)
+        return slot
+
+
+# ---- what modules pass and return -----------------------------------------------------
+
+def tensors_of(args, kwargs):
+    """The tensors among a call's arguments (also inside lists and tuples, one level deep)."""
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from (x for x in a if isinstance(x, torch.Tensor))
+
+
+def first_tensor(output) -> torch.Tensor | None:
+    """A module's main output: the tensor itself, or the first element of a tuple/list
+    (LSTM, GRU and MultiheadAttention return (output, state))."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    return None
+
+
+def describe(output) -> str:
+    """A short description of a module output the monitor cannot measure."""
+    if isinstance(output, torch.Tensor):
+        return f"tensor dtype={output.dtype} layout={output.layout}"
+    return type(output).__name__

@@ -1,0 +1,202 @@
+"""The hooks' cost model: unchecked steps do no tensor work, parameter gradients are measured
+in one foreach call per backward pass, output gradients only when asked for."""
+import collections
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from neuraldbg import NeuralDbg
+from neuraldbg.monitor import transfer as T
+
+#: view and alias ops: they create a tensor header, launch no kernel and touch no data
+#: (``record_loss`` keeps ``loss.detach()``: the value is read with the next transfer)
+NO_KERNEL = {"aten.detach.default", "aten.view.default", "aten.alias.default", "aten._reshape_alias.default"}
+
+
+class Ops(TorchDispatchMode):
+    """Counts every aten op dispatched inside the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 3))
+
+
+class Loop:
+    """One model, its optimizer and a fixed stream of batches; ``dbg`` when monitored."""
+
+    def __init__(self, monitor=None):
+        self.model = mlp()
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=0.9)
+        self.gen = torch.Generator().manual_seed(0)
+        self.dbg = None
+        if monitor is not None:
+            kw = dict(monitor)
+            if kw.pop("optimizer", False):
+                kw["optimizer"] = self.opt
+            self.dbg = NeuralDbg(self.model, **kw).__enter__()
+
+    def step(self):
+        x = torch.randn(16, 8, generator=self.gen)
+        self.opt.zero_grad()
+        loss = F.cross_entropy(self.model(x), x[:, :3].argmax(dim=1))
+        loss.backward()
+        if self.dbg is not None:
+            self.dbg.record_loss(loss)
+        self.opt.step()
+
+
+def extra_ops(monitor, warm=13):
+    """Ops of one step under the monitor minus those of the same step without it."""
+    bare, mon = Loop(), Loop(monitor)
+    for _ in range(warm):
+        bare.step()
+        mon.step()
+    with Ops() as b:
+        bare.step()
+    with Ops() as m:
+        mon.step()
+    mon.dbg.__exit__(None, None, None)
+    d = m.ops.copy()
+    d.subtract(b.ops)
+    return {k: v for k, v in d.items() if v}
+
+
+@pytest.mark.parametrize("monitor", [{"every": 10}, {"every": 10, "optimizer": True},
+                                     {"every": 10, "output_grads": True}])
+def test_an_unchecked_step_launches_no_monitor_kernels(monitor):
+    extra = extra_ops(monitor)  # step 13: unchecked
+    assert set(extra) <= NO_KERNEL, extra
+    assert sum(extra.values()) <= 2
+
+
+def test_a_checked_step_measures_with_one_foreach_norm_per_backward():
+    extra = extra_ops({"every": 10}, warm=10)  # step 10: checked
+    assert extra["aten._foreach_norm.Scalar"] == 1  # every parameter gradient at once
+    assert "aten.mul.Tensor" not in extra  # no per-parameter squares (the old path)
+    assert extra.get("aten._local_scalar_dense.default", 0) <= 2  # the CPU input's finiteness check only
+
+
+def test_output_gradients_are_off_by_default_and_unscaled_when_on(monkeypatch):
+    seen = []
+    orig = T._to_stepstats
+    monkeypatch.setattr(T, "_to_stepstats", lambda *a: seen.append(orig(*a)) or seen[-1])
+
+    def run(**kw):
+        seen.clear()
+        lp = Loop()
+        dbg = NeuralDbg(lp.model, **kw).__enter__()
+        x = torch.randn(16, 8, generator=lp.gen)
+        loss = F.cross_entropy(lp.model(x), x[:, :3].argmax(dim=1))
+        scaler = kw.get("scaler")
+        (scaler.scale(loss) if scaler else loss).backward()
+        dbg.record_loss(loss)
+        dbg.__exit__(None, None, None)
+        return seen[0]
+
+    assert "gout_sumsq" not in run().layers["0"]
+    plain = run(output_grads=True)
+    scaled = run(output_grads=True, scaler=torch.amp.GradScaler("cpu"))
+    assert scaled.grad_scale == 2.0 ** 16
+    for layer in ("0", "2", "4"):  # a power-of-two scale: unscaling is exact
+        assert scaled.layers[layer]["gout_sumsq"] == pytest.approx(plain.layers[layer]["gout_sumsq"], rel=1e-6)
+        assert scaled.layers[layer]["pgrad_sumsq"] == pytest.approx(plain.layers[layer]["pgrad_sumsq"], rel=1e-6)
+
+
+def test_parameter_gradients_match_a_direct_computation(monkeypatch):
+    seen = []
+    orig = T._to_stepstats
+    monkeypatch.setattr(T, "_to_stepstats", lambda *a: seen.append(orig(*a)) or seen[-1])
+    lp = Loop({})
+    want = []
+    for _ in range(3):
+        lp.step()
+    lp.dbg.__exit__(None, None, None)
+    lp2 = Loop()
+    for _ in range(3):
+        x = torch.randn(16, 8, generator=lp2.gen)
+        lp2.opt.zero_grad()
+        F.cross_entropy(lp2.model(x), x[:, :3].argmax(dim=1)).backward()
+        want.append({n: float(m.weight.grad.pow(2).sum() + m.bias.grad.pow(2).sum())
+                     for n, m in lp2.model.named_children() if isinstance(m, nn.Linear)})
+        lp2.opt.step()
+    for st, w in zip(seen, want):
+        for layer, v in w.items():
+            assert st.layers[layer]["pgrad_sumsq"] == pytest.approx(v, rel=1e-5)
+            assert st.layers[layer]["pgrad_n"] == sum(p.numel() for p in lp.model[int(layer)].parameters())
+
+
+def test_a_gradient_outside_a_backward_pass_is_measured_directly():
+    model = mlp()
+    dbg = NeuralDbg(model).__enter__()
+    hooks = dbg._hooks
+    p = model[0].weight
+    p.grad = torch.full_like(p, 2.0)
+    hooks._on_param_grad(0, "0", p)  # as a hook would, but no autograd engine is running
+    assert hooks.buf.pgrad and hooks.buf.pgrad[0][1].item() == pytest.approx(2.0 * p.numel() ** 0.5)
+    dbg.__exit__(None, None, None)
+
+
+def test_the_forward_order_is_kept_by_the_hooks():
+    lp = Loop({})
+    lp.step()
+    assert lp.dbg._order == ["0", "1", "2", "3", "4"] and lp.dbg._order is lp.dbg._hooks.order
+    lp.dbg.__exit__(None, None, None)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_cuda_path_never_syncs():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    xs = torch.randn(20, 16, 8, device="cuda", generator=gen)
+    with NeuralDbg(model, optimizer=opt, sync_every=1000, every=2) as dbg:
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for step in range(20):
+                opt.zero_grad()
+                loss = F.cross_entropy(model(xs[step]), xs[step, :, :3].argmax(dim=1))
+                loss.backward()
+                dbg.record_loss(loss)
+                opt.step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    assert dbg.events == [] and dbg.trace().loss.n == 20
+
+
+def test_compiled_hooks_measure_dead_units_without_recompiling():
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
+    with torch.no_grad():
+        model[0].bias.fill_(-10.0)  # every unit of the ReLU is dead
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(0)
+    with NeuralDbg(model) as dbg:
+        compiled = torch.compile(model)
+        for step in range(8):
+            x = torch.randn(16, 8, generator=gen)
+            opt.zero_grad()
+            loss = F.cross_entropy(compiled(x), x[:, :3].argmax(dim=1))
+            loss.backward()
+            dbg.record_loss(loss)
+            opt.step()
+            if step == 1:
+                graphs = counters["stats"]["unique_graphs"]
+    assert counters["stats"]["unique_graphs"] == graphs  # nothing recompiled after the first steps
+    dead = [e for e in dbg.events if e.kind == "dead"]
+    assert [(e.layer, e.step) for e in dead] == [("1", 0)] and dead[0].measured["dead_frac"] == 1.0
+    assert dbg._order == ["0", "1", "2"]  # read on the host from the compiled hooks' records

@@ -1,0 +1,100 @@
+"""The host side of the monitor: batched transfers, compiled layouts, shared modules."""
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from neuraldbg import NeuralDbg
+from neuraldbg.monitor import transfer as T
+
+
+def train(model, steps, dbg, n=16):
+    gen = torch.Generator().manual_seed(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for _ in range(steps):
+        x = torch.randn(n, 8, generator=gen)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), x[:, :3].argmax(dim=1))
+        loss.backward()
+        dbg.record_loss(loss)
+        opt.step()
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
+
+
+@pytest.fixture
+def seen(monkeypatch):
+    out = []
+    orig = T._to_stepstats
+    monkeypatch.setattr(T, "_to_stepstats", lambda *a: out.append(orig(*a)) or out[-1])
+    return out
+
+
+def test_steps_wait_for_sync_every_checked_steps_then_move_together(seen):
+    model = mlp()
+    with NeuralDbg(model, every=2, sync_every=4) as dbg:
+        train(model, 7, dbg)  # checked steps 0, 2, 4, 6: the fourth closes the batch
+        assert len(seen) == 7 and not dbg._transfer.pending
+        train(model, 3, dbg)
+        assert len(seen) == 7 and len(dbg._transfer.pending) == 3
+        assert len(dbg.events) == 0 and len(seen) == 10  # a query reads everything first
+    assert [st.step for st in seen] == list(range(10))
+    assert [bool(st.layers) for st in seen] == [s % 2 == 0 for s in range(10)]
+    assert all(st.loss is not None and math.isfinite(st.loss) for st in seen)
+
+
+def test_unchecked_steps_alone_are_bounded(monkeypatch):
+    monkeypatch.setattr(T, "MAX_PENDING", 8)
+    model = mlp()
+    with NeuralDbg(model, every=1000) as dbg:
+        train(model, 20, dbg)
+        assert len(dbg._transfer.pending) <= 8
+
+
+def test_a_repeated_step_structure_is_compiled_once():
+    model = mlp()
+    with NeuralDbg(model, sync_every=1) as dbg:
+        train(model, 30, dbg)
+        assert len(dbg._transfer._layouts) == 1
+        train(model, 5, dbg, n=4)  # a smaller batch: same structure, new element counts
+        assert len(dbg._transfer._layouts) == 1
+
+
+class Shared(nn.Module):
+    """One Linear and one ReLU applied twice: their statistics add up over the calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.act = nn.ReLU()
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        a = self.act(self.lin(x))
+        b = self.act(self.lin(a) - 100.0)  # the second call is entirely dead
+        return self.head(a + b)
+
+
+def test_a_shared_module_sums_its_calls_and_averages_fractions(seen):
+    model = Shared()
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 8, generator=gen)
+    with torch.no_grad():  # the two calls' outputs, computed before the monitor
+        y1 = model.lin(x)
+        a = torch.relu(y1)
+        y2 = model.lin(a)
+        dead1 = 1.0 - (a.amax(dim=0) > 0).float().mean().item()
+    with NeuralDbg(model) as dbg:
+        model(x).sum().backward()
+        dbg.record_loss(1.0)
+    lin, act = seen[0].layers["lin"], seen[0].layers["act"]
+    assert lin["out_n"] == 2 * 16 * 8
+    assert lin["out_sum"] == pytest.approx(float(y1.sum() + y2.sum()), rel=1e-5)
+    assert lin["out_sumsq"] == pytest.approx(float(y1.pow(2).sum() + y2.pow(2).sum()), rel=1e-5)
+    assert act["dead_frac"] == pytest.approx((dead1 + 1.0) / 2)
+    assert "out_sumsq" not in act  # a module owning no parameters: nothing reads its RMS
