@@ -138,7 +138,8 @@ def softmax_saturated_fraction(y: torch.Tensor, dim: int | None, margin: float) 
 
 
 def output_stats(y: torch.Tensor, kind: str, *, sq: bool = True, bounds: tuple[float, float] | None = None,
-                 softmax_dim: int | None = None, margin: float = 0.01, traced: bool = False) -> tuple[torch.Tensor, ...]:
+                 softmax_dim: int | None = None, margin: float = 0.01,
+                 traced: bool = False) -> tuple[torch.Tensor, ...]:
     """Stats of a module output (``y`` must have an element): the sum; the sum of squares
     when ``sq`` (the monitor asks for it on modules that own parameters, whose gradient
     events report the output RMS); then by ``kind`` the saturated fraction (``bounded`` with
