@@ -66,15 +66,20 @@ def write_json_atomic(path: str | os.PathLike, obj: Any, *, indent: int | None =
     ``fsync`` also flushes the file to the disk before the rename (autosave: a machine that
     goes down right after a save still has it).
     """
+    # dumps, not dump: only the one-shot encoder is C (and holds the GIL for less time)
+    text = json.dumps(obj, indent=indent, sort_keys=sort_keys, allow_nan=False)
+    return write_text_atomic(path, text + "\n", fsync=fsync)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str, *, fsync: bool = False) -> str:
+    """Write ``text`` (UTF-8) to ``path`` atomically, with the mode ``open()`` would give it and
+    parent folders created (see :func:`write_json_atomic`); return the path as a string."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _create_temp(p.parent, p.name)
     try:
-        # dumps, not dump: only the one-shot encoder is C (and holds the GIL for less time)
-        text = json.dumps(obj, indent=indent, sort_keys=sort_keys, allow_nan=False)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-            f.write("\n")
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())

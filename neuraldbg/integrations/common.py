@@ -147,3 +147,27 @@ def guarded(reported: set, what: str, fn, *args) -> Any:
             reported.add(what)
             log.warning("neuraldbg: %s failed: %r", what, e)
         return None
+
+
+class CallbackBase:
+    """What both framework callbacks hold: the checked ``NeuralDbg`` arguments and export
+    target, the last run's monitor (queries work after the run too) and its diagnosis."""
+
+    def __init__(self, export: Any = None, **neuraldbg_kwargs: Any) -> None:
+        super().__init__()
+        self.neuraldbg_kwargs = check_kwargs(neuraldbg_kwargs)
+        self.export = check_export(export)
+        self.dbg: Any = None
+        self.diagnosis: Diagnosis | None = None
+        self._active = False
+        self._reported: set = set()
+
+    def __repr__(self) -> str:
+        return f"NeuralDbgCallback(export={self.export!r}, **{self.neuraldbg_kwargs!r})"
+
+
+def callback_type(hooks: type, bases: tuple[type, ...], module: str, doc: str | None) -> type:
+    """``NeuralDbgCallback``: the framework-independent ``hooks`` mixed with the framework's
+    callback ``bases`` (built on first use, so importing an integration loads no framework)."""
+    return type("NeuralDbgCallback", (hooks, *bases), {"__module__": module, "__doc__": doc,
+                                                       "__qualname__": "NeuralDbgCallback"})

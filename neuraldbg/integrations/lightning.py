@@ -30,18 +30,12 @@ PACKAGES = ("lightning.pytorch", "pytorch_lightning")
 _classes: dict[tuple, type] = {}
 
 
-class _Hooks:
+class _Hooks(common.CallbackBase):
     """The callback's behaviour; mixed with the Lightning ``Callback`` base(s) on first use."""
 
     def __init__(self, export: Any = None, **neuraldbg_kwargs: Any) -> None:
-        super().__init__()
-        self.neuraldbg_kwargs = common.check_kwargs(neuraldbg_kwargs)
-        self.export = common.check_export(export)
-        self.dbg: Any = None   # the last run's monitor (queries work after the run too)
-        self._active = False
-        self.diagnosis: common.Diagnosis | None = None
+        super().__init__(export, **neuraldbg_kwargs)
         self._scale = 1
-        self._reported: set = set()
 
     # ---- lifecycle ---------------------------------------------------------------------
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
@@ -93,9 +87,6 @@ class _Hooks:
                                 getattr(trainer, "world_size", None))
         self.diagnosis = common.finish(self.dbg, exc, target)
 
-    def __repr__(self) -> str:
-        return f"NeuralDbgCallback(export={self.export!r}, **{self.neuraldbg_kwargs!r})"
-
 
 def _bases() -> tuple[type, ...]:
     loaded = [m for m in PACKAGES if m in sys.modules]
@@ -118,8 +109,7 @@ def callback_class() -> type:
     bases = _bases()
     cls = _classes.get(bases)
     if cls is None:
-        cls = _classes[bases] = type("NeuralDbgCallback", (_Hooks, *bases),
-                                     {"__module__": __name__, "__doc__": __doc__, "__qualname__": "NeuralDbgCallback"})
+        cls = _classes[bases] = common.callback_type(_Hooks, bases, __name__, __doc__)
     return cls
 
 

@@ -28,20 +28,14 @@ from neuraldbg.integrations import common
 _classes: dict[str, type] = {}
 
 
-class _Hooks:
+class _Hooks(common.CallbackBase):
     """The callback's behaviour, mixed with ``transformers.TrainerCallback`` on first use."""
 
     def __init__(self, export: Any = None, **neuraldbg_kwargs: Any) -> None:
-        super().__init__()
-        self.neuraldbg_kwargs = common.check_kwargs(neuraldbg_kwargs)
-        self.export = common.check_export(export)
-        self.dbg: Any = None   # the last run's monitor (queries work after the run too)
-        self.diagnosis: common.Diagnosis | None = None
-        self._active = False
+        super().__init__(export, **neuraldbg_kwargs)
         self._handle: Any = None
         self._saw_loss = False
         self._output_dir: str | None = None
-        self._reported: set = set()
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
                        **kwargs: Any) -> None:
@@ -105,9 +99,6 @@ class _Hooks:
         self.close(exc)
         return False
 
-    def __repr__(self) -> str:
-        return f"NeuralDbgCallback(export={self.export!r}, **{self.neuraldbg_kwargs!r})"
-
 
 def callback_class() -> type:
     """The ``NeuralDbgCallback`` class (a ``transformers.TrainerCallback``)."""
@@ -117,8 +108,7 @@ def callback_class() -> type:
             from transformers import TrainerCallback
         except ImportError as e:
             raise ImportError("NeuralDbgCallback needs transformers: pip install transformers accelerate") from e
-        cls = _classes["cls"] = type("NeuralDbgCallback", (_Hooks, TrainerCallback),
-                                     {"__module__": __name__, "__doc__": __doc__, "__qualname__": "NeuralDbgCallback"})
+        cls = _classes["cls"] = common.callback_type(_Hooks, (TrainerCallback,), __name__, __doc__)
     return cls
 
 

@@ -12,14 +12,13 @@ evidence and fix) and ``chain`` (the causal chain of each failure type that occu
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from html import escape
-from pathlib import Path
 from typing import Any
 
 from neuraldbg.events.base import Event
 from neuraldbg.events.compress import compress
+from neuraldbg.jsonio import write_text_atomic
 from neuraldbg.report import resolve_source, svg
 from neuraldbg.report.timeline import posterior_timeline
 from neuraldbg.trace import Trace
@@ -215,21 +214,4 @@ def render_html(source: Any, *, priors: Any = None, title: str | None = None,
 
 def write_report(source: Any, path: str | os.PathLike, *, priors: Any = None, title: str | None = None) -> str:
     """Write the report page to ``path`` atomically (parent folders created); returns the path."""
-    text = render_html(source, priors=priors, title=title)
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # what open() would give, not mkstemp's 0600
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return str(p)
+    return write_text_atomic(path, render_html(source, priors=priors, title=title))
