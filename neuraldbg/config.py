@@ -49,6 +49,11 @@ class DetectorConfig:
     saturated_fraction: float = 0.5
     #: "near a bound": within this fraction of the output range
     saturation_margin: float = 0.01
+    #: a softmax row is saturated within this of one-hot (largest probability >= 0.9): the
+    #: softmax Jacobian's diagonal p(1 - p) is then at most 0.09, so it passes under a tenth
+    #: of the gradient; rows with a single unmasked entry are one-hot by construction and
+    #: are not counted
+    softmax_saturation_margin: float = 0.1
     #: consecutive checks a regime must hold before it is reported (one bad batch is noise)
     regime_persistence: int = 3
 
@@ -85,6 +90,11 @@ class DetectorConfig:
     shift_mean_z: float = 3.0
     #: checked steps before the shift reference starts (the first batches may be special)
     shift_skip_checks: int = 2
+    #: token inputs: warm-up checks whose id histograms form the reference and, compared
+    #: leave-one-out, the null band of sampling noise (events/tokens.py)
+    token_reference_checks: int = 10
+    #: token inputs: shifted beyond this many times the largest warm-up (null) distance
+    token_shift_factor: float = 2.0
 
     # -- collapsing -----------------------------------------------------------------------
     #: a repeat of the same event in the same layer within this many checks merges into it
@@ -97,7 +107,7 @@ class DetectorConfig:
             v = getattr(self, name)
             if not v > 0:
                 raise ValueError(f"DetectorConfig.{name} must be > 0, got {v!r}")
-        for name in ("dead_fraction", "saturated_fraction", "saturation_margin", "plateau_rel", "plateau_max_progress",
+        for name in ("dead_fraction", "saturated_fraction", "saturation_margin", "softmax_saturation_margin", "plateau_rel", "plateau_max_progress",
                      "vanish_ratio"):
             v = getattr(self, name)
             if not 0 < v < 1:

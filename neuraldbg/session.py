@@ -97,6 +97,17 @@ def trace_from_dict(doc: Any, source: str = "<dict>") -> tuple[Trace, dict]:
     return trace, d
 
 
+def _outdated_cpd(err: Exception, content: Any) -> str | None:
+    """The node whose embedded table has other parents or states than this version's
+    network declares (a structure change since the session was written), else None."""
+    field = getattr(err, "field", None) or ""
+    parts = field.split(".")
+    if len(parts) == 5 and parts[:3] == ["priors", "content", "cpds"] and parts[4] in ("parents", "states"):
+        cpds = content.get("cpds") if isinstance(content, dict) else None
+        return parts[3] if isinstance(cpds, dict) and parts[3] in cpds else None
+    return None
+
+
 def embedded_priors(doc: dict, source: str = "<dict>") -> Any:
     """The ``Priors`` a checked session document carries (None: the family's shipped priors).
 
@@ -120,7 +131,21 @@ def embedded_priors(doc: dict, source: str = "<dict>") -> Any:
     hit = _embedded_cache.get(block["fingerprint"])
     if hit is not None and hit[0] == text:
         return dataclasses.replace(hit[1], source=block["source"] + _EMBEDDED)
-    pri = validate(block["content"], source=source, error=SessionFormatError, prefix="priors.content")
+    content, dropped = block["content"], []
+    while True:
+        try:
+            pri = validate(content, source=source, error=SessionFormatError, prefix="priors.content")
+            break
+        except SessionFormatError as e:
+            node = _outdated_cpd(e, content)
+            if node is None:
+                raise
+            content = {**content, "cpds": {k: v for k, v in content["cpds"].items() if k != node}}
+            dropped.append(node)
+    if dropped:  # written for an older network: its other tables still hold
+        log.warning("neuraldbg: %s embeds priors written for another version of the network; the tables of %s "
+                    "no longer fit it and are replaced by this version's defaults", source, ", ".join(dropped))
+        return dataclasses.replace(pri, source=block["source"] + _EMBEDDED)
     if pri.fingerprint != block["fingerprint"]:
         raise SessionFormatError(f"{source}: priors.fingerprint: {block['fingerprint']} does not match the "
                                  f"embedded priors ({pri.fingerprint}); the priors were edited", file=source,

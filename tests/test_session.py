@@ -160,3 +160,26 @@ def test_the_monitor_validates_priors_at_construction_and_embeds_them(tmp_path):
             dbg.record_loss(model(torch.randn(5, 4)).square().mean())
     s = load_session(dbg.export_aquarium_package(tmp_path / "run.json"))
     assert s.priors.fingerprint == dbg.priors.fingerprint
+
+
+def test_a_session_from_an_older_network_loads_with_the_tables_that_still_fit(tmp_path, caplog):
+    """Regression: a node that gained a parent (saturation <- initialization) made every
+    session written before unreadable; now the outdated table alone is replaced."""
+    ev = [Event(OPTIMIZER, "divergence", None, 40, end_step=60, values={"nonfinite": 0.0})]
+    p = export_trace(trace_of(ev), tmp_path / "s.json")
+    doc = json.loads(open(p).read())
+    cpds = doc["priors"]["content"]["cpds"]
+    assert "saturation" in cpds and "init_scale" in cpds
+    cpds["saturation"]["parents"] = ["data", "instability", "signal_decay"]  # the older network
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    with caplog.at_level("WARNING", logger="neuraldbg"):
+        s = load_session(tmp_path / "old.json")
+        s.posterior()
+    assert "the tables of saturation no longer fit it" in caplog.text
+    assert "saturation" not in s.priors.cpds and "init_scale" in s.priors.cpds
+    # a table that is wrong in another way is still refused
+    cpds["saturation"]["parents"] = sorted(cpds["saturation"]["parents"] + ["initialization"])
+    cpds["init_scale"]["values"][0][0] = 7.0
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="init_scale"):
+        load_session(tmp_path / "bad.json")

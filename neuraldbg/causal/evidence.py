@@ -30,7 +30,8 @@ Cut points (module constants, also listed in ``docs/causal_model.md``):
   vanishing event starts at most ``COUPLING_STEPS`` steps from it, at most
   ``COUPLING_LAYERS`` layers away in forward order.
 * ``TOKEN_INPUT_TYPES`` -- when the first monitored layer is one of these (token ids in),
-  the monitor cannot measure the input distribution, so ``data_shift`` is unobserved.
+  the input distribution is that of the ids: ``data_shift`` is observed only once the token
+  watch (``neuraldbg/events/tokens.py``) has built its warm-up reference.
 * ``SUDDEN_WINDOW`` -- a NaN/Inf born inside the network is "after" instability when an
   exploding-gradient, spike or divergence event was active within this many steps before
   it, "sudden" otherwise (overflow builds up; a malformed sample does not).
@@ -46,7 +47,7 @@ from typing import Iterable, Mapping
 
 # the loss-curve constants both readings share are defined once, with the signatures
 from neuraldbg.causal.signatures import (GAME_BAND, MIN_LOSS_POINTS, NON_MONOTONE_FAMILIES, START_CHANCE_FACTOR,
-                                         chance_loss, loss_rise, signature_evidence)
+                                         chance_loss, loss_rise, meta_float, signature_evidence)
 from neuraldbg.events.base import ACTIVATION, DATA, GRADIENT, OPTIMIZER, Event
 from neuraldbg.trace import Trace
 
@@ -238,8 +239,8 @@ def extract(trace: Trace) -> Evidence:
         obs["data_shift"] = "input" if at_input else "inside"
         sup["data_shift"] = tuple(shift)
         notes["data_shift"] = f"input distribution shift at {first.layer}, step {first.step}"
-    elif watched and not token_input:
-        obs["data_shift"] = "absent"
+    elif watched and (not token_input or (meta_float(trace, "token_watched") or 0) > 0):
+        obs["data_shift"] = "absent"  # token ids are watched by their histogram (events/tokens.py)
 
     # -- loss ----------------------------------------------------------------------------
     start = _loss_start(trace)

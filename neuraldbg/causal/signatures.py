@@ -11,6 +11,9 @@ directly, so they hold on models whose symptoms look different from the zoo's:
 * ``init_scale`` -- the weights' RMS at the first checked step against the nearest reference
   scale of their type and fan-in (``init_scale_log10``: the median over weight matrices of
   ``log10(rms / reference)``). The witness of ``initialization``.
+  For low-rank adapters (LoRA) the reference is zero: ``adapter_ratio`` is the median over
+  adapters of ``||B A|| / ||W||``, how much of its frozen layer each adapter rewrites before
+  any update (:func:`neuraldbg.monitor.probes.adapter_scale`).
 * ``target_fault`` -- the loss turned non-finite while every monitored input and output was
   finite and the run was calm, or it went back to chance level after having learned.
 * ``chance_loss`` (used by ``loss_start``) -- ``ln K`` for a ``K``-way output
@@ -28,6 +31,9 @@ Cut points (module constants, reasoning in ``docs/causal_model.md``):
   players overshoot; weaker evidence, whose weight each family's fitted table decides.
 * ``INIT_LOG10_CUT`` -- healthy models of both suites sit within 0.05 (log10) of a reference
   scale; ``0.5`` is a factor of 3.2 off *every* reference of the layer, ten times that band.
+* ``ADAPTER_LARGE`` -- LoRA zero-initializes ``B`` so fine-tuning starts at the pre-trained
+  function (ratio exactly 0, as in every healthy adapter of both suites); an adapter that
+  starts at half the norm of the layer it adapts has replaced a large part of it at step 0.
 * ``LEARNED``/``BACK``/``CEILING`` -- "back to chance": the loss had fallen below ``LEARNED`` x
   its reference level, and the last ``LOSS_TAIL`` of the run sits between ``BACK`` and
   ``CEILING`` x the reference (shuffled labels return a classifier to ``ln K``, not above it).
@@ -46,6 +52,7 @@ STEP_TINY = 1e-4
 STEP_ELEVATED = 0.05
 STEP_LARGE = 0.2
 INIT_LOG10_CUT = 0.5
+ADAPTER_LARGE = 0.5
 LEARNED = 0.6
 BACK = 0.85
 CEILING = 1.5
@@ -174,6 +181,11 @@ def signature_evidence(trace: Trace, events: list[Event]) -> tuple[dict[str, Any
     if state is not None:
         obs["init_scale"] = state
         notes["init_scale"] = f"weights {10 ** f:.3g}x their reference scale at the first step ({state})"
+    a = meta_float(trace, "adapter_ratio")
+    if a is not None and a > ADAPTER_LARGE:  # adapters' reference is zero: B = 0 at the start
+        obs["init_scale"] = "large"
+        notes["init_scale"] = (f"low-rank adapters start at {a:.3g}x the norm of the frozen layers they "
+                               "adapt (LoRA starts at 0: B = 0)")
     state, support, note = target_fault(trace, events)
     if state is not None:
         obs["target_fault"] = state

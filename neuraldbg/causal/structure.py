@@ -135,6 +135,7 @@ NODES: tuple[Node, ...] = (
         leak={"later": 0.03, "init": 0.01, "init_vanishing": 0.003},
         effects={
             "signal_decay=depth": {"init_vanishing": 0.45, "init": 0.10},
+            "initialization=too_large": {"init": 0.45},
             "instability=init": {"init": 0.30, "init_vanishing": 0.10},
             "instability=training": {"later": 0.35},
             "data=shifted": {"later": 0.30},
@@ -142,7 +143,10 @@ NODES: tuple[Node, ...] = (
         why="Bounded activations (sigmoid, tanh, softmax) pinned at their bounds, by onset: "
             "from the first step (weights or depth), with vanishing gradients in the same or "
             "an adjacent layer (the deep-sigmoid signature), or only after updates / an input "
-            "change ('later': e.g. attention collapse under a too-large step size).",
+            "change ('later': e.g. attention collapse under a too-large step size). Weights too "
+            "large push pre-activations into the tails from step 0 whether or not anything "
+            "blows up (query/key weights too large: one-hot attention rows), hence the direct "
+            "edge from the initialization besides the one through instability.",
     ),
     NoisyMax(
         "dead", ("absent", "later", "init"),

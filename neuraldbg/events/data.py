@@ -79,7 +79,7 @@ class DataAnomalyDetector(Detector):
         values: dict[str, float] = {}
         if inp is not None and (inp.get("nan", 0) > 0 or inp.get("inf", 0) > 0) and input_layer:
             kind = "nan" if inp.get("nan", 0) > 0 else "inf"
-            origin = (input_layer, kind, 1.0)
+            origin = (inp.get("layer") or input_layer, kind, 1.0)  # "layer": a sub-network's entry
             values = {"nan_count": inp.get("nan", 0.0), "inf_count": inp.get("inf", 0.0),
                       "fraction": (inp.get("nan", 0) + inp.get("inf", 0)) / max(inp.get("n", 1), 1)}
         else:

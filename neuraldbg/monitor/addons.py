@@ -22,8 +22,15 @@ class Addon:
     def step_closed(self, dbg: Any, step: int, checked: bool) -> None:
         """Step ``step`` was closed and its statistics queued for the host."""
 
+    def flush(self, dbg: Any) -> None:
+        """A query wants every result so far: process what is waiting."""
+
     def exit(self, dbg: Any, exc: BaseException | None) -> None:
         """The ``with`` block ended (``exc`` is what it raised, if anything); hooks are removed."""
+
+    def signatures(self) -> dict[str, float]:
+        """Measurements this add-on adds to the trace's ``meta``."""
+        return {}
 
 
 def dist_rank() -> tuple[int | None, int | None]:

@@ -26,34 +26,11 @@ from torch import nn
 
 from neuraldbg.config import DetectorConfig
 from neuraldbg.monitor import stats as S
-from neuraldbg.monitor.records import INPUT_SLOT, OUT, Spec, StepBuffer, Tables, describe, first_tensor, tensors_of
+from neuraldbg.monitor.records import (INPUT, INPUT_SLOT, OUT, Spec, StepBuffer, Tables, describe, first_tensor,
+                                       monitored_modules, tensors_of)
 from neuraldbg.monitor.switch import HookSwitch
 
 log = logging.getLogger("neuraldbg")
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module under ``torch.compile``, ``DataParallel`` and DDP wrappers."""
-    seen = 0
-    while seen < 8:
-        seen += 1
-        if hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
-            model = model._orig_mod
-        elif isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
-            model = model.module
-        else:
-            break
-    return model
-
-
-def monitored_modules(root: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Leaf modules plus any module owning parameters directly (e.g. MultiheadAttention)."""
-    out = []
-    for name, mod in root.named_modules():
-        is_leaf = next(iter(mod.children()), None) is None
-        owns = next(iter(mod.parameters(recurse=False)), None) is not None
-        if is_leaf or owns:
-            out.append((name or type(mod).__name__.lower(), mod))
-    return out
 
 
 class ModuleHooks:
@@ -70,6 +47,7 @@ class ModuleHooks:
         self.root = root
         self.every = every
         self.margin = config.saturation_margin
+        self.softmax_margin = config.softmax_saturation_margin
         self.output_grads = output_grads
         self.scaler = scaler
         self._report = report
@@ -95,10 +73,23 @@ class ModuleHooks:
         self.buf = StepBuffer(0, True, self.tables)
 
     # ---- lifecycle -------------------------------------------------------------------
-    def register(self) -> None:
-        """Hook the model input and every monitored module (raises if torch refuses a hook)."""
+    def register(self, entries: bool = True) -> None:
+        """Hook the model input and every monitored module (raises if torch refuses a hook).
+
+        ``entries``: also hook the inputs of the root's direct children. A training loop that
+        calls its sub-networks directly (a GAN's generator and discriminator, a Lightning
+        module's ``self.model``) never runs the root's forward, so their inputs are the
+        model's input; they count only in steps where the root's forward did not run.
+        """
         _guard_compiled_hooks()
         self.handles.append(self.root.register_forward_pre_hook(self._on_input, with_kwargs=True))
+        if entries:
+            for cname, child in self.root.named_children():
+                first = next((n for n, _ in self.modules if n == cname or n.startswith(cname + ".")), None)
+                if first is not None:  # the entry's records name its first monitored layer
+                    slot = self.tables.slot(INPUT, self.tables.layer(first))
+                    self.handles.append(child.register_forward_pre_hook(partial(self._on_entry, slot),
+                                                                        with_kwargs=True))
         self._hook_modules(self.modules)
 
     def remove(self) -> None:
@@ -126,6 +117,8 @@ class ModuleHooks:
         Hooks that fire later in the same step fill a fresh buffer of that step.
         """
         buf = self.buf
+        if buf.entry and not buf.root_called:  # the sub-networks were the model's entry points
+            buf.records.extend(buf.entry)
         if buf.empty():
             return None
         self.buf = StepBuffer(buf.step, buf.active, self.tables)
@@ -215,8 +208,21 @@ class ModuleHooks:
             return True
         return False
 
+    def _on_entry(self, slot, module, args, kwargs):
+        buf = self.buf
+        if buf.root_called or self._skip_forward(buf):
+            return None
+        try:
+            for t in tensors_of(args, kwargs):
+                if t.is_floating_point() and not t.is_sparse and t.numel() > 0:
+                    buf.entry.append((slot, t.numel(), S.input_stats(t)))
+        except Exception as e:  # noqa: BLE001 - the monitor must not raise into training
+            self._report(("entry input", type(e).__name__), f"input statistics failed: {e!r}")
+        return None
+
     def _on_input(self, module, args, kwargs):
         buf = self.buf
+        buf.root_called = True
         measure = not self._skip_forward(buf)
         if not measure and not (torch.is_grad_enabled() and (self.root.training or self.eval_trains)):
             return None  # a validation pass
@@ -253,7 +259,7 @@ class ModuleHooks:
             traced = _compiling()
             # output_stats reads y.detach(): no graph, no grad-mode switch needed
             vals = S.output_stats(y, spec.kind, sq=spec.sq, bounds=spec.bounds, softmax_dim=spec.dim,
-                                  margin=self.margin, traced=traced)
+                                  margin=self.margin, softmax_margin=self.softmax_margin, traced=traced)
             slot = spec.out
             if spec.kind == "relu" and not traced:  # per-unit maxima: a slot per unit count
                 slot = spec.relu_slot(vals[0].numel())

@@ -28,9 +28,11 @@ from neuraldbg.monitor.autosave import Autosave
 from neuraldbg.monitor.lossinput import loss_value
 from neuraldbg.monitor.family import detect_family
 from neuraldbg.monitor.history import LossHistory
-from neuraldbg.monitor.hooks import ModuleHooks, unwrap
-from neuraldbg.monitor.probes import (StepSizeProbe, config_init_range, init_scale, last_out_features,
+from neuraldbg.monitor.hooks import ModuleHooks
+from neuraldbg.monitor.records import unwrap
+from neuraldbg.monitor.probes import (StepSizeProbe, adapter_scale, config_init_range, init_scale, last_out_features,
                                       probed_weights, reference_stds, weight_census)
+from neuraldbg.monitor.tokens import TokenWatch, embeddings
 from neuraldbg.monitor.transfer import HostTransfer
 from neuraldbg.queries import CausalQueries
 from neuraldbg.trace import LayerInfo, Trace
@@ -81,11 +83,9 @@ class NeuralDbg(CausalQueries):
             raise TypeError(f"NeuralDbg expects a torch.nn.Module, got {type(model).__name__}")
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be an int >= 1, got {every!r}")
-        if isinstance(config, dict):
-            config = DetectorConfig.from_dict(config)
-        elif config is None:
-            config = DetectorConfig()
-        elif not isinstance(config, DetectorConfig):
+        config = DetectorConfig() if config is None else DetectorConfig.from_dict(config) if isinstance(config, dict) \
+            else config
+        if not isinstance(config, DetectorConfig):
             raise TypeError(f"config must be a DetectorConfig or dict, got {type(config).__name__}")
         self.model = model
         self.root = unwrap(model)
@@ -119,6 +119,7 @@ class NeuralDbg(CausalQueries):
         self._last_step = 0
         self._entered = self._exited = False
         self._init_scale: tuple[float | None, int] = (None, 0)
+        self._adapter_scale: tuple[float | None, int] = (None, 0)
         self._census = None  # the weight matrices and their norms on entry (probes.weight_census)
         self._step_probe: StepSizeProbe | None = None
         self._closed_active = False  # whether the step closed last was a checked one
@@ -127,6 +128,8 @@ class NeuralDbg(CausalQueries):
         if snapshots:  # checkpoints for verify(); the reference init scales serve its re-initialization
             from neuraldbg.verify.snapshots import make_snapshots
             self._addons.append(make_snapshots(snapshots, partial(reference_stds, init_range=config_init_range(model))))
+        if embeddings(self.root):  # token models' input shift (monitor/tokens.py)
+            self._addons.append(TokenWatch())
         if autosave is not None:  # the session on disk while training runs (monitor/autosave.py)
             self._addons.append(Autosave(autosave, autosave_interval))
 
@@ -146,7 +149,7 @@ class NeuralDbg(CausalQueries):
                                "create a new one per run")
         self._entered = True
         try:
-            self._hooks.register()
+            self._hooks.register(entries=not hasattr(self.model, "_orig_mod"))  # compiled: its root is the entry
         except Exception:  # never break training: a monitor that cannot hook degrades to nothing
             self._hooks.remove()
             log.exception("neuraldbg: could not register hooks; monitoring is off for this run")
@@ -171,6 +174,7 @@ class NeuralDbg(CausalQueries):
         # the weights as training finds them: one host transfer, before the first update
         self._census = weight_census(self._hooks.modules)
         self._init_scale = init_scale(self._hooks.modules, config_init_range(self.root), census=self._census)
+        self._adapter_scale = adapter_scale(self.root)
 
     def _attach_step_probe(self) -> None:
         opt = self.optimizer
@@ -187,25 +191,29 @@ class NeuralDbg(CausalQueries):
     def _update_checked(self) -> bool:
         """Whether the optimizer step now starting belongs to a checked step. Without
         ``dbg.step``, ``record_loss`` has already closed that step (and opened the next)."""
-        if not self._hooks.handles:
-            return False
-        return self._hooks.buf.active if self._user_steps else self._closed_active
+        return bool(self._hooks.handles) and (self._hooks.buf.active if self._user_steps else self._closed_active)
 
     def signatures(self) -> dict[str, float]:
         """The measured root-cause signatures (one host transfer): weight scale at the start
-        (``init_scale_log10``), update-to-weight ratios over the first checked steps read at
-        the peak learning rate (``step_ratio_peak``: the median layer, ``step_ratio_max``: the
+        (``init_scale_log10``), low-rank adapters' starting ``||B A|| / ||W||``
+        (``adapter_ratio``), update-to-weight ratios over the first checked steps read at the
+        peak learning rate (``step_ratio_peak``: the median layer, ``step_ratio_max``: the
         fastest; see :class:`~neuraldbg.monitor.probes.StepSizeProbe`), the peak learning rate
         as set, and the model's output size (``out_features``)."""
         out: dict[str, float] = {}
         f, n = self._init_scale
         if f is not None:
             out["init_scale_log10"], out["init_scale_n"] = f, n
+        r, n = self._adapter_scale
+        if r is not None:
+            out["adapter_ratio"], out["adapter_n"] = r, n
         probe = self._step_probe
         if probe is not None:
             out.update(probe.summary())
             if probe.lr_peak is not None:
                 out["lr_peak"] = probe.lr_peak
+        for addon in self._addons:  # duck-typed add-ons need not define every method
+            out.update(getattr(addon, "signatures", dict)())
         k = last_out_features(self._order, dict(self._hooks.modules))
         if k is not None:
             out["out_features"] = k
@@ -272,11 +280,12 @@ class NeuralDbg(CausalQueries):
         for det in self._detectors:
             try:
                 for ev in det.update(st):
-                    if self.rank is not None:
-                        ev = dataclasses.replace(ev, rank=self.rank)
-                    self._log.add(ev)
+                    self._add_event(ev)
             except Exception as e:  # noqa: BLE001
                 self._report((det.name, type(e).__name__), f"detector {det.name} failed: {e!r}")
+
+    def _add_event(self, ev: Event) -> None:
+        self._log.add(ev if self.rank is None else dataclasses.replace(ev, rank=self.rank))
 
     def _check_modules(self) -> None:
         """Follow modules added or swapped in mid-run; detectors forget the replaced layers,
@@ -308,19 +317,19 @@ class NeuralDbg(CausalQueries):
             self._report(("internal", what, type(e).__name__), f"internal error in {what}: {e!r}")
 
     def _call_addons(self, what: str, *args) -> None:
-        for addon in self._addons:
+        for addon in (a for a in self._addons if hasattr(a, what)):  # duck-typed ones may lack some
             self._safe(lambda: getattr(addon, what)(self, *args), f"{type(addon).__name__}.{what}")
 
     def _report(self, key: tuple, msg: str, level: int = logging.WARNING) -> None:
-        if key in self._reported:
-            return
-        self._reported.add(key)
-        log.log(level, "neuraldbg: %s", msg)
+        if key not in self._reported:
+            self._reported.add(key)
+            log.log(level, "neuraldbg: %s", msg)
 
     def _flush(self) -> None:
         """Process everything recorded so far (queries call this; training is unaffected)."""
         self._safe(self._close_step, "close")
         self._safe(self._transfer.drain, "drain")
+        self._call_addons("flush")
         if self._detectors is None and self._order:
             self._detectors = build_detectors(self._detector_names, self.config, self._context())
 

@@ -88,6 +88,58 @@ def init_scale(modules: Iterable[tuple[str, nn.Module]], init_range: float | Non
     return factors[len(factors) // 2], len(factors)
 
 
+#: how deep below a module an adapter's parts may sit (PEFT: ``lora_A.default.weight``)
+ADAPTER_DEPTH = 2
+
+
+def low_rank_adapters(root: nn.Module) -> list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """``(module, W, A, B)`` of every low-rank adapter in ``root``, found by structure alone.
+
+    An adapter is a module whose parameters (its own and those of sub-modules at most
+    :data:`ADAPTER_DEPTH` levels down) hold a *frozen* weight ``W`` of shape ``(out, in)`` and
+    *trainable* ``A`` ``(r, in)`` and ``B`` ``(out, r)`` with ``r < min(out, in)``: the layer
+    computes ``W x + s B A x``. That is LoRA as PEFT and hand-written code lay it out,
+    whatever the attribute names. The innermost module that holds a triple claims it.
+    """
+    found, used = [], set()
+    for name, mod in reversed(list(root.named_modules())):  # descendants before ancestors
+        frozen, trainable = [], []
+        for pname, p in mod.named_parameters():
+            if pname.count(".") > ADAPTER_DEPTH or p.dim() != 2 or not p.is_floating_point() or id(p) in used:
+                continue
+            (trainable if p.requires_grad else frozen).append(p)
+        for w in frozen:
+            for out_f, in_f in dict.fromkeys((tuple(w.shape), tuple(w.shape)[::-1])):  # GPT-2's Conv1D stores W^T
+                a = next((p for p in trainable if p.shape[1] == in_f and p.shape[0] < min(out_f, in_f)), None)
+                b = None if a is None else next(
+                    (p for p in trainable if p is not a and tuple(p.shape) == (out_f, a.shape[0])), None)
+                if b is not None:
+                    found.append((name, w, a, b))
+                    used.update((id(w), id(a), id(b)))
+                    trainable = [p for p in trainable if p is not a and p is not b]
+                    break
+    return found
+
+
+def adapter_scale(root: nn.Module) -> tuple[float | None, int]:
+    """(median over low-rank adapters of ``||B A|| / ||W||``, adapter count): how large each
+    adapter's update of its frozen layer starts, before the scaling factor. LoRA starts at
+    ``B = 0`` (zero: fine-tuning begins at the pre-trained function); ``||B A||`` comes from
+    the ``r x r`` Gram matrices, so no ``(out, in)`` product is formed. One host transfer."""
+    adapters = low_rank_adapters(root)
+    if not adapters:
+        return None, 0
+    with torch.no_grad():
+        vals = []
+        for _, w, a, b in adapters:
+            a, b, w = a.detach().float(), b.detach().float(), w.detach().float()
+            ba_sq = ((b.T @ b) * (a @ a.T)).sum().clamp_min(0)  # ||BA||_F^2 = <B^T B, A A^T>
+            vals.append(ba_sq.sqrt() / w.norm().clamp_min(1e-30))
+        ratios = sorted(torch.stack([v.to(vals[0].device) for v in vals]).cpu().tolist())
+    ratios = [r for r in ratios if math.isfinite(r)]
+    return (ratios[len(ratios) // 2], len(adapters)) if ratios else (None, len(adapters))
+
+
 def probed_weights(modules: Iterable[tuple[str, nn.Module]], census: Census | None = None) -> dict[int, str]:
     """``id(param) -> layer`` of the weight matrices the step-size probe measures: those of
     :func:`weight_census` that are not exactly zero (zero by design, like a LoRA ``B``: no

@@ -68,7 +68,7 @@ class StepBuffer:
     """What the hooks recorded in one step, still on the device."""
 
     __slots__ = ("step", "active", "tables", "records", "pgrad", "losses", "scale", "eval_skipped", "n_fwd",
-                 "n_gout", "traced")
+                 "n_gout", "traced", "root_called", "entry")
 
     def __init__(self, step: int, active: bool, tables: Tables) -> None:
         self.step = step
@@ -82,6 +82,8 @@ class StepBuffer:
         self.n_fwd = 0                  # module outputs measured
         self.n_gout = 0                 # output gradients measured
         self.traced = False             # recorded by hooks traced under torch.compile
+        self.root_called = False        # the root module's forward ran in this step
+        self.entry: list[tuple] = []    # inputs of sub-networks called directly (see ModuleHooks)
 
     def empty(self) -> bool:
         return not (self.records or self.pgrad or self.losses)
@@ -139,3 +141,28 @@ def describe(output) -> str:
     if isinstance(output, torch.Tensor):
         return f"tensor dtype={output.dtype} layout={output.layout}"
     return type(output).__name__
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's module under ``torch.compile``, ``DataParallel`` and DDP wrappers."""
+    seen = 0
+    while seen < 8:
+        seen += 1
+        if hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
+            model = model._orig_mod
+        elif isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module
+        else:
+            break
+    return model
+
+
+def monitored_modules(root: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Leaf modules plus any module owning parameters directly (e.g. MultiheadAttention)."""
+    out = []
+    for name, mod in root.named_modules():
+        is_leaf = next(iter(mod.children()), None) is None
+        owns = next(iter(mod.parameters(recurse=False)), None) is not None
+        if is_leaf or owns:
+            out.append((name or type(mod).__name__.lower(), mod))
+    return out

@@ -130,15 +130,19 @@ def saturated_fraction(y: torch.Tensor, low: float, high: float, margin: float) 
 
 
 def softmax_saturated_fraction(y: torch.Tensor, dim: int | None, margin: float) -> torch.Tensor:
-    """Fraction of softmax rows whose largest probability is within ``margin`` of 1."""
+    """Fraction of softmax rows whose largest probability is within ``margin`` of 1, among
+    the rows with at least two non-zero entries: a row with one unmasked key (the first
+    query of causal attention) is one-hot by construction, not saturated."""
     y = y.detach()
     y = y.float() if y.dtype in _HALF else y
     d = -1 if dim is None else dim
-    return torch.mean(y.amax(dim=d) >= 1.0 - margin, dtype=torch.float32)
+    open_rows = torch.count_nonzero(y, dim=d) >= 2
+    hot = (y.amax(dim=d) >= 1.0 - margin) & open_rows
+    return torch.count_nonzero(hot).float() / torch.count_nonzero(open_rows).clamp_min(1).float()
 
 
 def output_stats(y: torch.Tensor, kind: str, *, sq: bool = True, bounds: tuple[float, float] | None = None,
-                 softmax_dim: int | None = None, margin: float = 0.01,
+                 softmax_dim: int | None = None, margin: float = 0.01, softmax_margin: float = 0.1,
                  traced: bool = False) -> tuple[torch.Tensor, ...]:
     """Stats of a module output (``y`` must have an element): the sum; the sum of squares
     when ``sq`` (the monitor asks for it on modules that own parameters, whose gradient
@@ -158,7 +162,7 @@ def output_stats(y: torch.Tensor, kind: str, *, sq: bool = True, bounds: tuple[f
             raise ValueError("bounded output statistics need the bounds")
         return out + (saturated_fraction(y, bounds[0], bounds[1], margin),)
     if kind == "softmax":
-        return out + (softmax_saturated_fraction(y, softmax_dim, margin),)
+        return out + (softmax_saturated_fraction(y, softmax_dim, softmax_margin),)
     return out
 
 

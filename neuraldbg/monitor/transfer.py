@@ -142,7 +142,7 @@ class _Layout:
         self.param_numel = np.asarray(tables.param_numel, dtype=np.float64)
         cols: dict[str, list] = {k: [] for k in ("out_k", "out_layer", "out_pos", "sq_pos", "frac_pos",
                                                  "frac_dead", "frac_units", "gout_k", "gout_layer", "gout_pos", "in_k",
-                                                 "in_pos", "empty_layer")}
+                                                 "in_pos", "in_layer", "empty_layer")}
         vec_records, vec_units, vec_val = [], [], []   # per-unit maxima: which records, how long
         pos = val = 0   # position among the scalars, index among the flattened record values
         for k, slot in enumerate(slots):
@@ -179,6 +179,7 @@ class _Layout:
             elif group == INPUT:
                 cols["in_k"].append(k)
                 cols["in_pos"].append(pos)
+                cols["in_layer"].append(layer)  # -1: the root's input; else a sub-network's entry
                 pos += 4
                 val += 4
             elif group == EMPTY:
@@ -318,12 +319,17 @@ def _read(step, p, lay, host, z0, vec_at, cache, loss, has_bwd) -> StepStats:
         sq = nr * nr
         inputs = {"sum": s_, "sumsq": np.inf if sq > _F32_MAX else sq, "nan": n_in - not_nan,
                   "inf": (n_in - fin) - (n_in - not_nan), "n": n_in}
+        if fin < n_in and lay.in_layer[0] >= 0:  # a sub-network's input: name its first layer
+            inputs["layer"] = lay.names[int(lay.in_layer[0])]
     elif len(lay.in_pos):  # several input tensors: their sums and counts add up
         v = h[lay.in_pos[:, None] + np.arange(4)]
         n_in = ns[lay.in_k]
         nan_n = float((n_in - v[:, 3]).sum())
         inputs = {"sum": float(v[:, 0].sum()), "sumsq": float(_sq32(v[:, 1]).sum()), "nan": nan_n,
                   "inf": float((n_in - v[:, 2]).sum()) - nan_n, "n": float(n_in.sum())}
+        bad = np.flatnonzero((v[:, 2] < n_in) & (lay.in_layer >= 0))
+        if len(bad):  # the first sub-network input that carried it
+            inputs["layer"] = lay.names[int(lay.in_layer[bad[0]])]
     return StepStats(step=step, loss=loss, inputs=inputs, has_backward=has_bwd, grad_scale=scale,
                      names=lay.names, columns=cols, present=(lay.has_out, has_pgrad, lay.has_gout))
 

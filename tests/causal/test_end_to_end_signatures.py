@@ -34,23 +34,33 @@ class Net(nn.Module):
         return self.head(x)
 
 
-class Adapted(nn.Module):
-    """A frozen base with LoRA-style adapters: ``B`` starts at exactly zero, as PEFT does it."""
+class LoRALayer(nn.Module):
+    """PEFT's layout: ``base_layer`` frozen, ``lora_A``/``lora_B`` trainable, ``B`` zero."""
 
-    def __init__(self, base: Net, r=4):
+    def __init__(self, base_layer: nn.Linear, r=4, b_std=0.0):
         super().__init__()
-        self.base = base
-        for p in base.parameters():
-            p.requires_grad_(False)
-        self.A = nn.ModuleList(nn.Linear(blk[0].in_features, r, bias=False) for blk in base.blocks)
-        self.B = nn.ModuleList(nn.Linear(r, blk[0].out_features, bias=False) for blk in base.blocks)
-        for b in self.B:
-            nn.init.zeros_(b.weight)
+        self.base_layer = base_layer
+        self.lora_A = nn.Linear(base_layer.in_features, r, bias=False)
+        self.lora_B = nn.Linear(r, base_layer.out_features, bias=False)
+        nn.init.zeros_(self.lora_B.weight) if b_std == 0 else nn.init.normal_(self.lora_B.weight, 0.0, b_std)
 
     def forward(self, x):
-        for blk, a, b in zip(self.base.blocks, self.A, self.B):
-            x = blk[2](blk[1](blk[0](x) + b(a(x))))
-        return self.base.head(x)
+        return self.base_layer(x) + 2.0 * self.lora_B(self.lora_A(x))
+
+
+class Adapted(nn.Module):
+    """A frozen base whose first linear layers carry LoRA adapters."""
+
+    def __init__(self, base: Net, r=4, b_std=0.0):
+        super().__init__()
+        for p in base.parameters():
+            p.requires_grad_(False)
+        for blk in base.blocks:
+            blk[0] = LoRALayer(blk[0], r, b_std)
+        self.base = base
+
+    def forward(self, x):
+        return self.base(x)
 
 
 TEACHER = torch.randn(16, 4, generator=torch.Generator().manual_seed(1234))
@@ -61,12 +71,12 @@ def teacher_batch(gen, n=64):
     return x, (x @ TEACHER).argmax(dim=1)  # a random linear teacher: learnable in a few dozen steps
 
 
-def run(seed, *, lr=3e-3, gain=1.0, adapters=False, regression=False, fault=None):
+def run(seed, *, lr=3e-3, gain=1.0, adapters=False, b_std=0.0, regression=False, fault=None):
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(100 + seed)
     model = Net(d_out=1 if regression else 4)
     if adapters:
-        model = Adapted(model)
+        model = Adapted(model, b_std=b_std)
     if gain != 1.0:
         with torch.no_grad():
             for p in model.parameters():
@@ -126,8 +136,19 @@ def test_weights_x100_under_layernorm_are_a_too_large_init(seed):
 def test_zero_init_adapters_are_healthy(seed):
     dbg = run(seed, adapters=True)
     assert dbg.signatures()["init_scale_n"] > 0  # B is left out, A and the base are measured
+    assert dbg.signatures()["adapter_n"] == 2 and dbg.signatures()["adapter_ratio"] == 0.0
     assert top(dbg) not in (("initialization", "too_small"), ("architecture", "unstable"))
     assert dbg.posterior().p_healthy > 0.5, dbg.get_causal_hypotheses()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_adapters_that_start_nonzero_are_a_too_large_init(seed):
+    """LoRA's B drawn N(0, 1) instead of zero: the base weights are all in their reference
+    band, only the adapters' starting size ||B A|| / ||W|| tells."""
+    dbg = run(seed, adapters=True, b_std=1.0)
+    assert abs(dbg.signatures()["init_scale_log10"]) < 0.5
+    assert dbg.signatures()["adapter_ratio"] > 0.5
+    assert top(dbg) == ("initialization", "too_large"), dbg.get_causal_hypotheses()
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -128,3 +128,42 @@ def test_probe_does_not_change_training():
     probe = _train(torch.optim.AdamW, 1e-2)[0]
     probe.remove()
     assert probe.handles == []
+
+
+class _LoRA(nn.Module):
+    """PEFT's layout: the frozen layer and the adapter pair one level down."""
+
+    def __init__(self, out_f=6, in_f=5, r=2, transposed=False):
+        super().__init__()
+        self.base_layer = nn.Linear(in_f, out_f, bias=False)
+        if transposed:  # GPT-2's Conv1D stores the weight as (in, out)
+            self.base_layer.weight = nn.Parameter(torch.randn(in_f, out_f))
+        self.base_layer.weight.requires_grad_(False)
+        self.lora_A = nn.ModuleDict({"default": nn.Linear(in_f, r, bias=False)})
+        self.lora_B = nn.ModuleDict({"default": nn.Linear(r, out_f, bias=False)})
+
+
+def test_adapters_are_found_by_structure_whatever_their_names():
+    model = nn.Sequential(_LoRA(), nn.ReLU(), _LoRA(transposed=True), nn.Linear(6, 3))
+    found = G.low_rank_adapters(model)
+    assert sorted(name for name, *_ in found) == ["0", "2"]
+    for _, w, a, b in found:
+        assert not w.requires_grad and a.shape[0] == b.shape[1] == 2
+
+
+def test_a_trainable_square_layer_is_not_an_adapter():
+    assert G.low_rank_adapters(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))) == []
+
+
+def test_adapter_scale_on_hand_set_weights():
+    m = _LoRA(out_f=2, in_f=2, r=1)
+    with torch.no_grad():
+        m.base_layer.weight.copy_(torch.tensor([[3.0, 0.0], [0.0, 4.0]]))   # ||W|| = 5
+        m.lora_A["default"].weight.copy_(torch.tensor([[1.0, 2.0]]))
+        m.lora_B["default"].weight.copy_(torch.tensor([[1.0], [0.0]]))      # BA = [[1, 2], [0, 0]]
+    ratio, n = G.adapter_scale(m)
+    assert n == 1 and ratio == pytest.approx(5 ** 0.5 / 5)
+    with torch.no_grad():
+        m.lora_B["default"].weight.zero_()
+    assert G.adapter_scale(m) == (0.0, 1)   # LoRA's own start: B = 0
+    assert G.adapter_scale(nn.Linear(3, 3)) == (None, 0)

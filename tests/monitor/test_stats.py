@@ -72,6 +72,16 @@ def test_saturation_only_for_bounded():
     assert S.softmax_saturated_fraction(p, -1, 0.01).item() == 0.5
 
 
+def test_softmax_rows_with_one_open_key_are_not_saturated():
+    # causal attention: the first query sees one key, its row is one-hot by construction
+    causal = torch.tensor([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])
+    assert S.softmax_saturated_fraction(causal, -1, 0.1).item() == 0.0
+    collapsed = torch.tensor([[1.0, 0.0, 0.0], [0.95, 0.05, 0.0], [0.02, 0.03, 0.95]])
+    assert S.softmax_saturated_fraction(collapsed, -1, 0.1).item() == 1.0
+    half = torch.tensor([[1.0, 0.0, 0.0], [0.95, 0.05, 0.0], [0.2, 0.3, 0.5]])
+    assert S.softmax_saturated_fraction(half, -1, 0.1).item() == 0.5
+
+
 @pytest.mark.parametrize("host_check", [True, False])  # False: the counting path (GPU, torch.compile)
 def test_input_stats_counts_nan_and_inf(host_check):
     x = torch.tensor([1.0, float("nan"), float("inf"), 3.0, -float("inf")])

@@ -129,3 +129,17 @@ def test_capture_restore_round_trip_is_exact():
     restore(snap, model, opt, None, tracked)
     for n, p in model.named_parameters():
         assert torch.equal(p, ref[0][n])
+
+
+def test_snapshots_keep_the_signatures():
+    """Regression: with snapshots on, the signatures query asked every add-on for its own
+    and failed on the snapshot add-on, so the trace lost its step size and weight scale."""
+    model, opt = _tiny()
+    with NeuralDbg(model, optimizer=opt, snapshots=True) as dbg:
+        for step in range(3):
+            dbg.step = step
+            loss = _step(model, opt, step)
+            dbg.record_loss(loss)
+            opt.step()
+    sig = dbg.signatures()
+    assert "init_scale_log10" in sig and "step_ratio_peak" in sig
