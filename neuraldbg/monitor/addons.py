@@ -3,7 +3,9 @@
 An :class:`Addon` is told when the monitor is entered, when a step starts and closes, and when
 the monitor exits. The monitor calls them under its own guard, so an add-on that fails is
 reported once and never raises into the training loop. Add-ons keep the façade
-(``monitor.py``) small: each optional feature lives in its own module.
+(``monitor.py``) small: each optional feature lives in its own module. The monitor calls only
+the methods an add-on has, so one that may not import this module (the snapshots of
+``neuraldbg/verify``, which the monitor imports) follows the same protocol without the base.
 """
 from __future__ import annotations
 

@@ -33,6 +33,12 @@ from neuraldbg.monitor.switch import HookSwitch
 log = logging.getLogger("neuraldbg")
 
 
+def _input_records(slot: int, tensors) -> list[tuple]:
+    """A ``(slot, element count, stats)`` record per floating, dense, non-empty tensor (no graph)."""
+    return [(slot, t.numel(), S.input_stats(t)) for t in tensors
+            if t.is_floating_point() and not t.is_sparse and t.numel() > 0]
+
+
 class ModuleHooks:
     """The hooks on one model and the step buffer they fill.
 
@@ -83,13 +89,11 @@ class ModuleHooks:
         """
         _guard_compiled_hooks()
         self.handles.append(self.root.register_forward_pre_hook(self._on_input, with_kwargs=True))
-        if entries:
-            for cname, child in self.root.named_children():
-                first = next((n for n, _ in self.modules if n == cname or n.startswith(cname + ".")), None)
-                if first is not None:  # the entry's records name its first monitored layer
-                    slot = self.tables.slot(INPUT, self.tables.layer(first))
-                    self.handles.append(child.register_forward_pre_hook(partial(self._on_entry, slot),
-                                                                        with_kwargs=True))
+        for cname, child in self.root.named_children() if entries else ():
+            first = next((n for n, _ in self.modules if n == cname or n.startswith(cname + ".")), None)
+            if first is not None:  # the entry's records name its first monitored layer
+                hook = partial(self._on_entry, self.tables.slot(INPUT, self.tables.layer(first)))
+                self.handles.append(child.register_forward_pre_hook(hook, with_kwargs=True))
         self._hook_modules(self.modules)
 
     def remove(self) -> None:
@@ -213,9 +217,7 @@ class ModuleHooks:
         if buf.root_called or self._skip_forward(buf):
             return None
         try:
-            for t in tensors_of(args, kwargs):
-                if t.is_floating_point() and not t.is_sparse and t.numel() > 0:
-                    buf.entry.append((slot, t.numel(), S.input_stats(t)))
+            buf.entry.extend(_input_records(slot, tensors_of(args, kwargs)))
         except Exception as e:  # noqa: BLE001 - the monitor must not raise into training
             self._report(("entry input", type(e).__name__), f"input statistics failed: {e!r}")
         return None
@@ -230,10 +232,8 @@ class ModuleHooks:
             tensors = list(tensors_of(args, kwargs))
             # metadata only (no kernel), so also on unchecked steps: their loss must not count
             self.batch_empty = bool(tensors) and all(t.numel() == 0 for t in tensors)
-            if measure:  # input_stats reads t.detach(): no graph
-                for t in tensors:
-                    if t.is_floating_point() and not t.is_sparse and t.numel() > 0:
-                        buf.records.append((INPUT_SLOT, t.numel(), S.input_stats(t)))
+            if measure:
+                buf.records.extend(_input_records(INPUT_SLOT, tensors))
         except Exception as e:  # noqa: BLE001 - the monitor must not raise into training
             self._report(("input", type(e).__name__), f"input statistics failed: {e!r}")
         return None

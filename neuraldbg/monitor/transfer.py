@@ -273,6 +273,15 @@ def _to_stepstats(step: int, where: tuple, host: np.ndarray, loss: float | None,
         return _read(step, p, lay, host, z0, vec_at, cache, loss, has_bwd)
 
 
+def _name_entry(inputs: dict, lay: "_Layout", finite: np.ndarray, n: np.ndarray) -> None:
+    """Name in ``inputs["layer"]`` the first layer of the first sub-network whose input (one
+    per input record: finite count, element count) was not finite; the root's input (layer
+    -1) names none. Read only for a step whose input was not finite."""
+    bad = np.flatnonzero((finite < n) & (lay.in_layer >= 0))
+    if len(bad):
+        inputs["layer"] = lay.names[int(lay.in_layer[bad[0]])]
+
+
 def _read(step, p, lay, host, z0, vec_at, cache, loss, has_bwd) -> StepStats:
     if lay.relu_len:  # each ReLU's sum of maxima and active count, after the scalars
         v = host[vec_at:vec_at + lay.relu_len]
@@ -319,17 +328,16 @@ def _read(step, p, lay, host, z0, vec_at, cache, loss, has_bwd) -> StepStats:
         sq = nr * nr
         inputs = {"sum": s_, "sumsq": np.inf if sq > _F32_MAX else sq, "nan": n_in - not_nan,
                   "inf": (n_in - fin) - (n_in - not_nan), "n": n_in}
-        if fin < n_in and lay.in_layer[0] >= 0:  # a sub-network's input: name its first layer
-            inputs["layer"] = lay.names[int(lay.in_layer[0])]
+        if fin < n_in:
+            _name_entry(inputs, lay, np.array([fin]), np.array([n_in]))
     elif len(lay.in_pos):  # several input tensors: their sums and counts add up
         v = h[lay.in_pos[:, None] + np.arange(4)]
         n_in = ns[lay.in_k]
         nan_n = float((n_in - v[:, 3]).sum())
         inputs = {"sum": float(v[:, 0].sum()), "sumsq": float(_sq32(v[:, 1]).sum()), "nan": nan_n,
                   "inf": float((n_in - v[:, 2]).sum()) - nan_n, "n": float(n_in.sum())}
-        bad = np.flatnonzero((v[:, 2] < n_in) & (lay.in_layer >= 0))
-        if len(bad):  # the first sub-network input that carried it
-            inputs["layer"] = lay.names[int(lay.in_layer[bad[0]])]
+        if inputs["nan"] + inputs["inf"] > 0:
+            _name_entry(inputs, lay, v[:, 2], n_in)
     return StepStats(step=step, loss=loss, inputs=inputs, has_backward=has_bwd, grad_scale=scale,
                      names=lay.names, columns=cols, present=(lay.has_out, has_pgrad, lay.has_gout))
 

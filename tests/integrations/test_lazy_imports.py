@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("lightning", "pytorch_lightning", "transformers", "tensorboard", "tensorboardX", "torch.utils.tensorboard",
          "accelerate")
@@ -60,18 +62,13 @@ sys.meta_path.insert(0, Block())
 """
 
 
-def test_missing_framework_names_the_install():
-    code = BLOCK.format(names=("lightning", "pytorch_lightning")) + (
-        "from neuraldbg.integrations import lightning\n"
-        "try:\n    lightning.NeuralDbgCallback\nexcept ImportError as e:\n    print(e)\n"
+@pytest.mark.parametrize("module, hidden", [("lightning", ("lightning", "pytorch_lightning")),
+                                            ("transformers", ("transformers",))])
+def test_missing_framework_names_the_install(module, hidden):
+    code = BLOCK.format(names=hidden) + (
+        f"from neuraldbg.integrations import {module}\n"
+        f"try:\n    {module}.NeuralDbgCallback\nexcept ImportError as e:\n    print(e)\n"
         "else:\n    raise SystemExit('no ImportError')\n")
     res = _run(code)
     assert res.returncode == 0, res.stderr
-    assert "pip install lightning" in res.stdout
-    code = BLOCK.format(names=("transformers",)) + (
-        "from neuraldbg.integrations import transformers\n"
-        "try:\n    transformers.NeuralDbgCallback\nexcept ImportError as e:\n    print(e)\n"
-        "else:\n    raise SystemExit('no ImportError')\n")
-    res = _run(code)
-    assert res.returncode == 0, res.stderr
-    assert "pip install transformers" in res.stdout
+    assert f"pip install {module}" in res.stdout

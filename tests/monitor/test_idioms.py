@@ -11,7 +11,6 @@ from neuraldbg import NeuralDbg
 from neuraldbg.config import DetectorConfig
 
 OVERFLOW_PATIENCE = DetectorConfig().scaler_overflow_patience
-from neuraldbg.monitor import transfer as T
 
 
 def mlp(seed=0):
@@ -23,15 +22,6 @@ def batch(gen, n=16):
     """A learnable task (so a healthy run makes progress): the class is the largest of 3 inputs."""
     x = torch.randn(n, 8, generator=gen)
     return x, x[:, :3].argmax(dim=1)
-
-
-@pytest.fixture
-def seen(monkeypatch):
-    """Every StepStats the detectors receive, in order."""
-    out = []
-    orig = T._to_stepstats
-    monkeypatch.setattr(T, "_to_stepstats", lambda *a: out.append(orig(*a)) or out[-1])
-    return out
 
 
 def amp_train(model, steps=60, *, scaler_kwargs=None, monitor=True, autocast=True, dtype=torch.bfloat16, seed=0,

@@ -27,14 +27,6 @@ def mlp():
     return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
 
 
-@pytest.fixture
-def seen(monkeypatch):
-    out = []
-    orig = T._to_stepstats
-    monkeypatch.setattr(T, "_to_stepstats", lambda *a: out.append(orig(*a)) or out[-1])
-    return out
-
-
 def test_steps_wait_for_sync_every_checked_steps_then_move_together(seen):
     model = mlp()
     with NeuralDbg(model, every=2, sync_every=4) as dbg:
