@@ -258,8 +258,9 @@ class ModuleHooks:
             # (new unit counts, the forward order) would recompile, so those wait for the host
             traced = _compiling()
             # output_stats reads y.detach(): no graph, no grad-mode switch needed
+            x = first_tensor(inputs) if spec.kind == "softmax" else None
             vals = S.output_stats(y, spec.kind, sq=spec.sq, bounds=spec.bounds, softmax_dim=spec.dim,
-                                  margin=self.margin, softmax_margin=self.softmax_margin, traced=traced)
+                                  margin=self.margin, softmax_margin=self.softmax_margin, traced=traced, x=x)
             slot = spec.out
             if spec.kind == "relu" and not traced:  # per-unit maxima: a slot per unit count
                 slot = spec.relu_slot(vals[0].numel())

@@ -129,27 +129,39 @@ def saturated_fraction(y: torch.Tensor, low: float, high: float, margin: float) 
     return torch.mean((y <= low + eps) | (y >= high - eps), dtype=torch.float32)
 
 
-def softmax_saturated_fraction(y: torch.Tensor, dim: int | None, margin: float) -> torch.Tensor:
+def softmax_saturated_fraction(y: torch.Tensor, dim: int | None, margin: float,
+                               logits: torch.Tensor | None = None) -> torch.Tensor:
     """Fraction of softmax rows whose largest probability is within ``margin`` of 1, among
-    the rows with at least two non-zero entries: a row with one unmasked key (the first
-    query of causal attention) is one-hot by construction, not saturated."""
+    the rows with at least two open keys: a row with one unmasked key (the first query of
+    causal attention) is one-hot by construction, not saturated.
+
+    With the softmax input ``logits`` a key is open when it was not masked: above half the
+    dtype's most negative value (masks fill ``-inf`` or ``finfo.min``), so a row collapsed
+    so far that the other probabilities underflow to exactly 0 still counts. Without them,
+    the non-zero probabilities are the open keys."""
     y = y.detach()
     y = y.float() if y.dtype in _HALF else y
     d = -1 if dim is None else dim
-    open_rows = torch.count_nonzero(y, dim=d) >= 2
+    if logits is not None and logits.shape == y.shape and logits.is_floating_point():
+        x = logits.detach()
+        open_keys = x > torch.finfo(x.dtype).min / 2
+    else:
+        open_keys = y != 0
+    open_rows = torch.count_nonzero(open_keys, dim=d) >= 2
     hot = (y.amax(dim=d) >= 1.0 - margin) & open_rows
     return torch.count_nonzero(hot).float() / torch.count_nonzero(open_rows).clamp_min(1).float()
 
 
 def output_stats(y: torch.Tensor, kind: str, *, sq: bool = True, bounds: tuple[float, float] | None = None,
                  softmax_dim: int | None = None, margin: float = 0.01, softmax_margin: float = 0.1,
-                 traced: bool = False) -> tuple[torch.Tensor, ...]:
+                 traced: bool = False, x: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """Stats of a module output (``y`` must have an element): the sum; the sum of squares
     when ``sq`` (the monitor asks for it on modules that own parameters, whose gradient
     events report the output RMS); then by ``kind`` the saturated fraction (``bounded`` with
     bounds, ``softmax``). A ``relu`` output gives its per-unit maxima instead of the sum
     (1-d, first: :func:`relu_units`), or under ``traced`` (``torch.compile``) the 0-d
-    ``(sum of maxima, [sum of squares], active fraction)``."""
+    ``(sum of maxima, [sum of squares], active fraction)``. ``x``: the module's input (a
+    softmax's logits tell masked keys from underflowed ones)."""
     y = y.detach()
     if kind == "relu":
         if traced:
@@ -162,7 +174,7 @@ def output_stats(y: torch.Tensor, kind: str, *, sq: bool = True, bounds: tuple[f
             raise ValueError("bounded output statistics need the bounds")
         return out + (saturated_fraction(y, bounds[0], bounds[1], margin),)
     if kind == "softmax":
-        return out + (softmax_saturated_fraction(y, softmax_dim, softmax_margin),)
+        return out + (softmax_saturated_fraction(y, softmax_dim, softmax_margin, x),)
     return out
 
 

@@ -9,7 +9,8 @@ observation missed can still be found), until ``top`` of them were replayed, :fu
 3. applies it and replays ``[start, end)`` with the user's ``replay(model, optimizer, step)``
    under a fresh internal monitor with the original's settings, where ``end`` covers ``steps``
    steps (and at least ``steps // 4`` past the onset), within the original run;
-4. compares the replayed losses with the original ones (:mod:`.outcome`).
+4. compares the replayed losses with the original ones and, in a window from the run's first
+   step, the replay's events with the hypothesis' own (:mod:`.outcome`).
 
 Afterwards the model, its gradients and train/eval flags, the optimizer, the scaler, tracked
 objects and the RNG are put back exactly as they were, also when ``replay`` raises; the
@@ -29,7 +30,7 @@ from neuraldbg.causal import hypotheses as _hyp
 from neuraldbg.causal.types import Posterior
 from neuraldbg.verify import likelihoods as L
 from neuraldbg.verify.interventions import Context, get_intervention
-from neuraldbg.verify.outcome import compare, loss_map
+from neuraldbg.verify.outcome import compare, loss_map, symptoms_in
 from neuraldbg.verify.snapshots import Snapshots, capture, of, restore
 from neuraldbg.verify.types import Test, Verification, VerifiedHypothesis
 
@@ -111,11 +112,16 @@ def _run_test(dbg: Any, snaps: Snapshots, replay: Callable, hyp: Any, trace: Any
                 replayed[t] = value
     finally:
         undo()
-    cmp = compare(original, replayed, start, end, onset)
+    # events pair up only when the replay's detectors saw the history the original's did
+    paired = start <= trace.first_step
+    latency = dbg.config.regime_persistence * max(1, int(dbg.every))
+    symptoms = symptoms_in(hyp.evidence, start, end, latency) if paired else []
+    cmp = compare(original, replayed, start, end, onset, symptoms=symptoms, replay_events=inner.events)
     return Test(**base, outcome=cmp.outcome, start_step=start, end_step=end, steps=end - start,
                 improvement=cmp.improvement, nonfinite_before=cmp.nonfinite_before,
                 nonfinite_after=cmp.nonfinite_after, events_after=len(inner.events), acted=ctx.acted,
-                layers=tuple(ctx.notes.get("layers", ())))
+                layers=tuple(ctx.notes.get("layers", ())), symptoms=cmp.symptoms,
+                symptoms_after=cmp.recurred)
 
 
 def verify(dbg: Any, replay: Callable, steps: int = DEFAULT_STEPS, top: int = DEFAULT_TOP,

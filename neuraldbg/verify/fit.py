@@ -7,7 +7,8 @@ fitted probability is the posterior mean of a Beta prior centred on the hand-set
 ``ess`` pseudo-runs, updated with the counts over all families (``default``); each family's
 table is then the same update of ``default`` with that family's own counts. A cell without
 runs keeps its prior. Untestable tests carry no outcome and are not counted. The file keeps
-the hand-set table, the counts and the provenance next to the fitted tables.
+the hand-set table, the counts, the outcome rule and the provenance next to the fitted tables;
+records whose tests were decided by an earlier rule (no ``symptoms`` count) are refused.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Any, Iterable, Mapping
 
 from neuraldbg.jsonio import decode_nonfinite, write_json_atomic
 from neuraldbg.verify import likelihoods as L
+from neuraldbg.verify import outcome as O
 from neuraldbg.vocab import HEALTHY, LABELS
 
 #: Pseudo-runs of the Beta prior around each cell's hand-set (or ``default``) value.
@@ -49,6 +51,9 @@ def cases_from_records(records: Iterable[Mapping[str, Any]]) -> list[Case]:
         if truth not in LABELS:
             continue
         for t in json.loads(tests):
+            if t.get("outcome") in ("vanished", "persisted") and "symptoms" not in t:
+                raise ValueError(f"{rec.get('key') or rec.get('arch')}: its verification was decided by an earlier "
+                                 f"outcome rule (loss only); rerun it with `python -m benchmarks run --verify`")
             if t.get("outcome") in ("vanished", "persisted"):
                 out.append((str(rec.get("family")), f"{t['cause']}/{t['state']}", truth, t["outcome"]))
     return out
@@ -107,7 +112,8 @@ def fit_file(dirs: Iterable[str | Path], ess: float = DEFAULT_ESS, base: Mapping
     if not cases:
         raise ValueError(f"no verification outcomes in {', '.join(dirs)}: run `python -m benchmarks run --verify`")
     tables, counts = fit_tables(cases, base["hand_set"], ess)
-    base.update(fitted=tables, counts=counts, provenance={
+    outcome = {**(base.get("outcome") or {}), "vanished_improvement": O.VANISHED_IMPROVEMENT, "rule": O.RULE}
+    base.update(fitted=tables, counts=counts, outcome=outcome, provenance={
         "method": "Beta-smoothed counts of benchmark verifications (neuraldbg/verify/fit.py)",
         "runs": dirs, "tests": len(cases), "ess": ess, "date": time.strftime("%Y-%m-%d")})
     return L.validate(base, "fitted")

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from neuraldbg.verify.outcome import OUTCOMES, VANISHED_IMPROVEMENT
+from neuraldbg.verify.outcome import OUTCOMES, RULE, VANISHED_IMPROVEMENT
 from neuraldbg.vocab import ABNORMAL_LABELS, HEALTHY, LABELS, ROOT_NAMES, ROOTS
 
 SCHEMA_VERSION = 1
@@ -65,10 +65,14 @@ def validate(data: Any, source: str = "<dict>") -> dict[str, Any]:
     if data.get("schema_version") != SCHEMA_VERSION:
         raise LikelihoodError(f"{source}: schema_version {data.get('schema_version')!r} is not {SCHEMA_VERSION}")
     out = dict(data)
-    thr = (data.get("outcome") or {}).get("vanished_improvement")
+    outcome = data.get("outcome") or {}
+    thr = outcome.get("vanished_improvement")
     if thr != VANISHED_IMPROVEMENT:
         raise LikelihoodError(f"{source}: outcome.vanished_improvement is {thr!r}, but outcomes are decided at "
                               f"{VANISHED_IMPROVEMENT} (neuraldbg/verify/outcome.py): refit the tables")
+    if outcome.get("rule") != RULE:
+        raise LikelihoodError(f"{source}: outcome.rule is {outcome.get('rule')!r}, but outcomes are decided by "
+                              f"{RULE!r} (neuraldbg/verify/outcome.py): refit the tables on runs of this version")
     out["hand_set"] = _check_table(f"{source}: hand_set", data.get("hand_set"))
     fitted = data.get("fitted") or {}
     if not isinstance(fitted, Mapping):

@@ -7,17 +7,28 @@ noise. Each step's relative improvement is ``d = (orig - replay) / max(|orig|, |
 in ``[-1, 1]`` whatever the loss' scale or sign, with the non-finite cases at the ends: ``+1``
 when only the original is NaN/Inf, ``-1`` when only the replay is, ``0`` when both are.
 The *improvement* is the mean of ``d`` over the late part of the window: from the onset on and
-over its second half, where the effect of the changed updates has built up. The symptom
-*vanished* when the improvement exceeds :data:`VANISHED_IMPROVEMENT`, else it *persisted*.
-What these outcomes say about each root cause is not decided here: the likelihoods
-``P(vanished | intervention, true cause)`` are fitted from benchmark runs
-(:mod:`neuraldbg.verify.likelihoods`).
+over its second half, where the effect of the changed updates has built up.
+
+Not every symptom shows in the loss: attention rows stuck one-hot by oversized query/key
+weights train at a healthy loss for many steps. So the hypothesis' own events count too. Its
+*symptoms* are the events behind it (``Hypothesis.evidence``) that the original run raised
+inside the window early enough to be confirmed before it ends (:func:`symptoms_in`); the
+replay's fresh monitor saw the same steps the same way only when the window starts at the
+run's first step (before that, its detectors lack the history the original's had), so events
+are compared only then. The symptom *vanished* when the improvement exceeds
+:data:`VANISHED_IMPROVEMENT`, or when none of the symptoms' kinds recurs in the replay (at any
+layer) while its loss is no worse than that threshold and not non-finite more often than the
+original's; else it *persisted*. (A replay that silences the events of a GAN by barely
+training it, its loss twice the original's, has not shown the fix.) What these outcomes say about each
+root cause is not decided here: the likelihoods ``P(vanished | intervention, true cause)`` are
+fitted from benchmark runs (:mod:`neuraldbg.verify.likelihoods`), which are refused when they
+were fitted under another :data:`RULE`.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 #: Mean relative improvement of the late window from which the symptom counts as vanished:
 #: a twentieth of the loss (or a NaN curve turned finite on a twentieth of the late steps).
@@ -25,6 +36,10 @@ from typing import Iterable, Mapping
 #: family is the fitted likelihoods' business.
 VANISHED_IMPROVEMENT = 0.05
 OUTCOMES = ("persisted", "vanished")
+#: The rule outcomes are decided by; a likelihood file records the rule it was fitted under.
+RULE = "loss improvement, or the symptom events gone (loss no worse) in a replay from the first step"
+
+Symptom = tuple[str, str]  # (event type, kind)
 
 
 @dataclass(frozen=True)
@@ -36,6 +51,8 @@ class Comparison:
     late_steps: int            # paired steps it averages
     nonfinite_before: int      # non-finite losses of the original in the window
     nonfinite_after: int       # ... and of the replay
+    symptoms: int = 0          # the hypothesis' events the paired window shows (symptoms_in)
+    recurred: int = 0          # replay events of those kinds
 
 
 def relative_gain(orig: float, new: float) -> float:
@@ -58,9 +75,25 @@ def late_steps(start: int, end: int, onset: int | None) -> range:
     return range(min(first, end - 1), end)
 
 
+def symptoms_in(events: Iterable[Any], start: int, end: int, latency: int) -> list[Symptom]:
+    """``(type, kind)`` of the ``events`` that began in ``[start, end - latency)``: the ones a
+    monitor replaying ``[start, end)`` would have confirmed (``latency``: steps a regime must
+    hold before it is reported)."""
+    return [(e.type, e.kind) for e in events if start <= e.step and e.step + latency < end]
+
+
+def recurrences(symptoms: Iterable[Symptom], replay_events: Iterable[Any], start: int, end: int) -> int:
+    """Replay events in ``[start, end)`` of a symptom's type and kind, at any layer (a symptom
+    that moved to another layer has not vanished)."""
+    kinds = set(symptoms)
+    return sum(1 for e in replay_events if (e.type, e.kind) in kinds and e.step < end and e.end_step >= start)
+
+
 def compare(original: Mapping[int, float], replayed: Mapping[int, float], start: int, end: int,
-            onset: int | None, threshold: float = VANISHED_IMPROVEMENT) -> Comparison:
-    """Compare the replayed losses with the original ones over ``[start, end)``."""
+            onset: int | None, threshold: float = VANISHED_IMPROVEMENT, symptoms: Sequence[Symptom] = (),
+            replay_events: Iterable[Any] = ()) -> Comparison:
+    """Compare the replayed losses with the original ones over ``[start, end)``, and the
+    replay's events with the original's ``symptoms`` (paired windows only: module docstring)."""
     window = [t for t in range(start, end) if t in original and t in replayed]
     nf_before = sum(1 for t in window if not math.isfinite(original[t]))
     nf_after = sum(1 for t in window if not math.isfinite(replayed[t]))
@@ -69,7 +102,12 @@ def compare(original: Mapping[int, float], replayed: Mapping[int, float], start:
         late = window[len(window) // 2:]
     gains = [relative_gain(original[t], replayed[t]) for t in late]
     imp = sum(gains) / len(gains) if gains else 0.0
-    return Comparison("vanished" if imp > threshold else "persisted", imp, len(gains), nf_before, nf_after)
+    again = recurrences(symptoms, replay_events, start, end) if symptoms else 0
+    # a change that silences the events but makes the loss clearly worse, or non-finite, has not
+    # shown itself to be the fix: the same threshold that defines 'improved' defines 'worse'
+    gone = bool(symptoms) and again == 0 and imp >= -threshold and nf_after <= nf_before
+    return Comparison("vanished" if imp > threshold or gone else "persisted", imp, len(gains), nf_before, nf_after,
+                      len(symptoms), again)
 
 
 def loss_map(points: Iterable[tuple[int, float]]) -> dict[int, float]:

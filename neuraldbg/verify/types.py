@@ -14,7 +14,9 @@ class Test:
 
     ``outcome`` is ``"vanished"``, ``"persisted"`` or ``"untestable"`` (``reason`` says why);
     ``improvement`` is the mean relative loss improvement of the late window
-    (:mod:`neuraldbg.verify.outcome`), ``None`` when nothing was replayed.
+    (:mod:`neuraldbg.verify.outcome`), ``None`` when nothing was replayed; ``symptoms`` and
+    ``symptoms_after`` count the hypothesis' events in a window from the first step and their
+    kinds' events in the replay.
     """
 
     cause: str
@@ -31,6 +33,8 @@ class Test:
     events_after: int | None = None   # events the replay's monitor raised
     acted: int = 0                    # how often the intervention changed something
     layers: tuple[str, ...] = ()      # re-initialized layers (initialization tests)
+    symptoms: int = 0                 # the hypothesis' events the paired window showed
+    symptoms_after: int = 0           # replay events of their kinds (0 of >= 1: they vanished)
 
     @property
     def verified(self) -> bool | None:
@@ -48,6 +52,10 @@ class Test:
             return f"Not verified: {self.reason}."
         span = f"steps {self.start_step}-{(self.end_step or 0) - 1}"
         what = "vanished" if self.outcome == "vanished" else "persisted"
+        if self.symptoms:
+            ev = "event" if self.symptoms == 1 else "events"
+            what += (f" ({self.symptoms} {ev} of the run, {self.symptoms_after} of the same kind in the replay; "
+                     f"loss {100 * (self.improvement or 0.0):+.0f}%)")
         return f"Verified by replay ({span}, {self.intervention}): the symptom {what}."
 
     def to_dict(self) -> dict[str, Any]:

@@ -98,3 +98,20 @@ def test_grad_norms_propagate_nonfinite_and_handle_half_and_sparse():
     assert n.dtype == torch.float32 and n[0].item() == 5.0 and math.isnan(n[1].item()) and n[2].item() == 600.0
     sparse = torch.sparse_coo_tensor([[0, 2]], [3.0, 4.0], (5,), check_invariants=True)
     assert S.grad_norms([sparse, torch.tensor([1.0], dtype=torch.float64)]).tolist() == [5.0, 1.0]
+
+
+def test_softmax_collapse_beyond_underflow_is_saturated_given_the_logits():
+    """Regression: attention logits hundreds apart make the other probabilities exactly 0, and
+    a row with one non-zero entry read as 'one open key', so complete collapse was never
+    saturated. With the logits, only masked keys (-inf or finfo.min) are closed."""
+    logits = torch.tensor([[0.0, -900.0, -800.0], [0.0, float("-inf"), float("-inf")],
+                           [0.0, -700.0, torch.finfo(torch.float32).min]])
+    y = torch.softmax(logits, -1)
+    assert torch.count_nonzero(y, -1).tolist() == [1, 1, 1]  # every row underflowed or masked
+    assert S.softmax_saturated_fraction(y, -1, 0.1).item() == 0.0  # without logits: not seen
+    # rows 0 and 2 have two or more open keys and are one-hot; row 1 has a single open key
+    assert S.softmax_saturated_fraction(y, -1, 0.1, logits).item() == 1.0
+    spread = torch.tensor([[0.0, 0.1, float("-inf")]])
+    assert S.softmax_saturated_fraction(torch.softmax(spread, -1), -1, 0.1, spread).item() == 0.0
+    stats = S.output_stats(y, "softmax", sq=False, softmax_dim=-1, x=logits)
+    assert stats[-1].item() == 1.0

@@ -10,7 +10,7 @@ import torch
 from neuraldbg.verify import api
 from neuraldbg.verify.interventions import INTERVENTIONS, get_intervention, register_intervention
 from neuraldbg.verify.snapshots import of
-from verify_cases import blind_priors, train
+from verify_cases import blind_priors, train, train_attention
 
 STEPS = 40
 
@@ -110,3 +110,28 @@ def test_reinit_skips_frozen_and_zero_weights():
         model[2].weight.zero_()             # zero by design: left alone
     found = [name for name, *_ in off_scale(model, reference_stds)]
     assert found == ["0"]
+
+
+def test_attention_collapse_symptom_vanishes_under_reinit():
+    """Regression: query/key weights 30x too large collapse every attention row from step 0;
+    the collapse was not seen (underflowed rows read as one open key) and the re-initialization
+    test judged the loss alone. Now the saturation is the hypothesis' symptom, and the replay
+    from step 0 shows it gone."""
+    _, _, dbg, replay = train_attention(qk_gain=30.0)
+    sat = [e for e in dbg.events if e.kind == "saturated"]
+    assert sat and sat[0].layer == "softmax" and sat[0].step == 0
+    v = dbg.verify(replay, steps=20, top=3)
+    test = _test(v, "initialization/too_large")
+    assert test.layers == ("qkv",) and test.start_step == 0
+    assert test.symptoms >= 1 and test.symptoms_after == 0 and test.outcome == "vanished"
+    assert v.posterior["initialization"]["too_large"] > v.posterior_before["initialization"]["too_large"]
+    top = v.hypotheses[0]
+    assert (top.cause, top.state, top.verified) == ("initialization", "too_large", True)
+
+
+def test_healthy_attention_has_no_symptom_to_test():
+    _, _, dbg, replay = train_attention(qk_gain=1.0)
+    assert not [e for e in dbg.events if e.kind == "saturated"]
+    v = dbg.verify(replay, steps=20, top=3)
+    assert all(t.symptoms == 0 for t in v.tests)
+    assert v.posterior.p_healthy > 0.5

@@ -80,3 +80,23 @@ def test_update_matches_pgmpy_with_verify_nodes(family):
     before, _ = L.marginals(net.root_joint_posterior(evidence) / net.root_joint_posterior(evidence).sum())
     assert marg["initialization"]["too_large"] > before["initialization"]["too_large"]
     assert marg["learning_rate"]["too_high"] < before["learning_rate"]["too_high"]
+
+
+def test_a_file_fitted_under_another_outcome_rule_is_refused(tmp_path):
+    good = json.loads(L.shipped_path().read_text())
+    path = tmp_path / "v.json"
+    path.write_text(json.dumps(dict(good, outcome={**good["outcome"], "rule": "loss only"})))
+    with pytest.raises(L.LikelihoodError, match="outcome.rule is 'loss only'.*refit the tables"):
+        L.load(path)
+
+
+def test_fit_refuses_tests_decided_by_the_loss_only_rule():
+    from neuraldbg.verify import fit as F
+
+    test = {"cause": "learning_rate", "state": "too_high", "outcome": "vanished"}
+    rec = {"key": "mlp__lr_too_high__0", "family": "mlp", "true_cause": "learning_rate", "true_state": "too_high",
+           "error": "", "verify_tests": json.dumps([test])}
+    with pytest.raises(ValueError, match="mlp__lr_too_high__0: .*earlier outcome rule"):
+        F.cases_from_records([rec])
+    rec["verify_tests"] = json.dumps([dict(test, symptoms=0, symptoms_after=0)])
+    assert F.cases_from_records([rec]) == [("mlp", "learning_rate/too_high", "learning_rate/too_high", "vanished")]

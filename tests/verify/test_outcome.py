@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from neuraldbg.verify.outcome import VANISHED_IMPROVEMENT, compare, late_steps, relative_gain
+from neuraldbg.verify.outcome import VANISHED_IMPROVEMENT, compare, late_steps, recurrences, relative_gain, symptoms_in
 
 NAN, INF = math.nan, math.inf
 
@@ -44,3 +44,61 @@ def test_threshold_and_missing_original_points():
     assert compare(orig, better, 0, 20, 0).outcome == "vanished"
     assert compare(orig, slightly, 0, 20, 0).outcome == "persisted"
     assert compare(orig, better, 0, 20, 0).late_steps == 5
+
+
+def _ev(kind: str, step: int, layer: str = "attn.softmax", end: int | None = None):
+    from neuraldbg.events.base import Event
+
+    return Event("activation_regime_shift", kind, layer, step, end_step=end)
+
+
+FLAT = {t: 1.0 for t in range(20)}
+
+
+def test_symptoms_in_keeps_the_events_a_replay_could_confirm():
+    events = [_ev("saturated", 0), _ev("dead", 17), _ev("saturated", 30)]
+    # a regime needs `latency` steps to be reported: one starting at 17 is not confirmed by 20
+    assert symptoms_in(events, 0, 20, latency=3) == [("activation_regime_shift", "saturated")]
+    assert symptoms_in(events, 0, 20, latency=0) == [("activation_regime_shift", "saturated"),
+                                                     ("activation_regime_shift", "dead")]
+    assert symptoms_in(events, 5, 20, latency=0) == [("activation_regime_shift", "dead")]
+
+
+def test_symptom_gone_with_an_unchanged_loss_vanished():
+    """Regression: oversized query/key weights saturate attention from step 0 while the loss
+    trains like a healthy run's; re-initializing them removed every saturation event, yet the
+    loss-only outcome read 'persisted' (attention collapse was never confirmed)."""
+    symptoms = symptoms_in([_ev("saturated", 0)], 0, 20, latency=3)
+    gone = compare(FLAT, dict(FLAT), 0, 20, 0, symptoms=symptoms, replay_events=[])
+    assert gone.outcome == "vanished" and (gone.symptoms, gone.recurred) == (1, 0)
+    assert gone.improvement == 0.0
+    # the same kind at another layer has not vanished, it moved
+    moved = compare(FLAT, dict(FLAT), 0, 20, 0, symptoms=symptoms,
+                    replay_events=[_ev("saturated", 2, layer="other.softmax")])
+    assert moved.outcome == "persisted" and moved.recurred == 1
+    # an event of another kind does not count against it
+    other = compare(FLAT, dict(FLAT), 0, 20, 0, symptoms=symptoms, replay_events=[_ev("dead", 4)])
+    assert other.outcome == "vanished"
+
+
+def test_symptom_gone_with_a_worse_or_nonfinite_loss_persisted():
+    symptoms = [("activation_regime_shift", "saturated")]
+    worse = {t: 1.0 + 2 * VANISHED_IMPROVEMENT for t in range(20)}
+    c = compare(FLAT, worse, 0, 20, 0, symptoms=symptoms, replay_events=[])
+    assert c.outcome == "persisted" and c.improvement < -VANISHED_IMPROVEMENT
+    slightly = {t: 1.0 + 0.5 * VANISHED_IMPROVEMENT for t in range(20)}
+    assert compare(FLAT, slightly, 0, 20, 0, symptoms=symptoms, replay_events=[]).outcome == "vanished"
+    broken = {t: (NAN if t >= 19 else 1.0) for t in range(20)}
+    c = compare(FLAT, broken, 0, 20, 0, symptoms=symptoms, replay_events=[])
+    assert c.outcome == "persisted" and c.nonfinite_after == 1
+
+
+def test_without_symptoms_the_loss_alone_decides():
+    c = compare(FLAT, dict(FLAT), 0, 20, 0, symptoms=(), replay_events=[])
+    assert c.outcome == "persisted" and c.symptoms == 0
+
+
+def test_a_replay_event_outside_the_window_is_not_a_recurrence():
+    symptoms = [("activation_regime_shift", "saturated")]
+    assert recurrences(symptoms, [_ev("saturated", 25)], 0, 20) == 0
+    assert recurrences(symptoms, [_ev("saturated", 0, end=3)], 2, 20) == 1

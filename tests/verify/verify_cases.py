@@ -48,10 +48,16 @@ def train(*, steps: int = 60, lr: float = 0.05, first_gain: float = 1.0, gain: f
     opt = (torch.optim.Adam(model.parameters(), lr=lr) if adam
            else torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9))
     xs, ys = _batches(steps, seed, nan_at, shift_at)
+    return _monitored(model, opt, steps, lambda m, step: F.cross_entropy(m(xs[step]), ys[step]),
+                      snapshots=snapshots, priors=priors)
 
+
+def _monitored(model, opt, steps: int, loss_of, **kwargs):
+    """Train ``steps`` steps of ``loss_of(model, step)`` under ``NeuralDbg(**kwargs)``; return
+    ``(model, opt, dbg, replay)``."""
     def forward_backward(model, step):
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(xs[step]), ys[step])
+        loss = loss_of(model, step)
         loss.backward()
         return loss
 
@@ -60,7 +66,7 @@ def train(*, steps: int = 60, lr: float = 0.05, first_gain: float = 1.0, gain: f
         optimizer.step()
         return loss
 
-    with NeuralDbg(model, optimizer=opt, snapshots=snapshots, priors=priors) as dbg:
+    with NeuralDbg(model, optimizer=opt, **kwargs) as dbg:
         for step in range(steps):
             dbg.step = step
             loss = forward_backward(model, step)
@@ -92,3 +98,47 @@ def blind_priors(path, family: str = "mlp", keep: tuple[str, ...] = ("loss_patte
     with open(path, "w") as f:
         json.dump(data, f)
     return str(path)
+
+
+class TinyAttention(nn.Module):
+    """One causal single-head attention layer with an ``nn.Softmax`` on next-token prediction."""
+
+    def __init__(self, vocab: int, dim: int, context: int) -> None:
+        super().__init__()
+        self.dim = dim
+        self.wte = nn.Embedding(vocab, dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.softmax = nn.Softmax(dim=-1)
+        self.head = nn.Linear(dim, vocab)
+        self.register_buffer("mask", torch.tril(torch.ones(context, context, dtype=torch.bool)))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.wte(idx)                                       # (B, T, D)
+        q, k, v = self.qkv(x).split(self.dim, dim=-1)
+        att = (q @ k.transpose(-1, -2)) / self.dim ** 0.5       # (B, T, T)
+        att = self.softmax(att.masked_fill(~self.mask, float("-inf")))
+        return self.head(x + att @ v)                           # (B, T, vocab)
+
+
+def train_attention(*, qk_gain: float = 1.0, steps: int = 40, seed: int = 0):
+    """A monitored :class:`TinyAttention` run on a seeded Markov chain of 64 tokens, its query
+    and key weights scaled by ``qk_gain`` at init (attention collapse). Returns ``(model,
+    optimizer, dbg, replay)`` like :func:`train`."""
+    vocab, dim, context, batch = 64, 32, 16, 32
+    torch.manual_seed(seed)
+    model = TinyAttention(vocab, dim, context)
+    with torch.no_grad():
+        model.qkv.weight[: 2 * dim].mul_(qk_gain)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(2000 + seed)
+    chain = torch.randint(0, vocab, (vocab,), generator=g)
+    seq = [torch.randint(0, vocab, (steps, batch, 1), generator=g)]
+    for _ in range(context):
+        seq.append(chain[seq[-1]])
+    data = torch.cat(seq, -1)                                   # (steps, B, T + 1)
+
+    def loss_of(model, step):
+        logits = model(data[step, :, :-1])
+        return F.cross_entropy(logits.reshape(-1, vocab), data[step, :, 1:].reshape(-1))
+
+    return _monitored(model, opt, steps, loss_of, snapshots=True)
