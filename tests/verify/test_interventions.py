@@ -124,6 +124,7 @@ def test_attention_collapse_symptom_vanishes_under_reinit():
     test = _test(v, "initialization/too_large")
     assert test.layers == ("qkv",) and test.start_step == 0
     assert test.symptoms >= 1 and test.symptoms_after == 0 and test.outcome == "vanished"
+    assert "the symptom vanished" in test.sentence() and "0 of the same kind in the replay" in test.sentence()
     assert v.posterior["initialization"]["too_large"] > v.posterior_before["initialization"]["too_large"]
     top = v.hypotheses[0]
     assert (top.cause, top.state, top.verified) == ("initialization", "too_large", True)
