@@ -27,6 +27,7 @@ from benchmarks import metrics as M
 from neuraldbg.causal.hypotheses import REPORT_FLOOR
 from neuraldbg.verify import fit as F
 from neuraldbg.verify import likelihoods as L
+from neuraldbg.verify.outcome import OUTCOMES
 from neuraldbg.vocab import HEALTHY, LABELS
 
 FOLDS = 5
@@ -44,7 +45,7 @@ def verified_runs(df: pd.DataFrame) -> pd.DataFrame:
 
 def _tests(v: Any) -> list[tuple[str, str]]:
     return [(f"{t['cause']}/{t['state']}", t["outcome"]) for t in json.loads(v)
-            if t["outcome"] in ("vanished", "persisted")]
+            if t["outcome"] in OUTCOMES]
 
 
 def _scores(joint: np.ndarray) -> np.ndarray:

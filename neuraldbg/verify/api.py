@@ -121,7 +121,7 @@ def _run_test(dbg: Any, snaps: Snapshots, replay: Callable, hyp: Any, trace: Any
                 improvement=cmp.improvement, nonfinite_before=cmp.nonfinite_before,
                 nonfinite_after=cmp.nonfinite_after, events_after=len(inner.events), acted=ctx.acted,
                 layers=tuple(ctx.notes.get("layers", ())), symptoms=cmp.symptoms,
-                symptoms_after=cmp.recurred)
+                symptoms_after=cmp.symptoms_after)
 
 
 def verify(dbg: Any, replay: Callable, steps: int = DEFAULT_STEPS, top: int = DEFAULT_TOP,

@@ -19,10 +19,10 @@ are compared only then. The symptom *vanished* when the improvement exceeds
 :data:`VANISHED_IMPROVEMENT`, or when none of the symptoms' kinds recurs in the replay (at any
 layer) while its loss is no worse than that threshold and not non-finite more often than the
 original's; else it *persisted*. (A replay that silences the events of a GAN by barely
-training it, its loss twice the original's, has not shown the fix.) What these outcomes say about each
-root cause is not decided here: the likelihoods ``P(vanished | intervention, true cause)`` are
-fitted from benchmark runs (:mod:`neuraldbg.verify.likelihoods`), which are refused when they
-were fitted under another :data:`RULE`.
+training it, its loss twice the original's, has not shown the fix.) What these outcomes say
+about each root cause is not decided here: the likelihoods ``P(vanished | intervention, true
+cause)`` are fitted from benchmark runs (:mod:`neuraldbg.verify.likelihoods`), which are
+refused when they were fitted under another :data:`RULE`.
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ class Comparison:
     nonfinite_before: int      # non-finite losses of the original in the window
     nonfinite_after: int       # ... and of the replay
     symptoms: int = 0          # the hypothesis' events the paired window shows (symptoms_in)
-    recurred: int = 0          # replay events of those kinds
+    symptoms_after: int = 0    # replay events of those kinds
 
 
 def relative_gain(orig: float, new: float) -> float:
@@ -102,7 +102,7 @@ def compare(original: Mapping[int, float], replayed: Mapping[int, float], start:
         late = window[len(window) // 2:]
     gains = [relative_gain(original[t], replayed[t]) for t in late]
     imp = sum(gains) / len(gains) if gains else 0.0
-    again = recurrences(symptoms, replay_events, start, end) if symptoms else 0
+    again = recurrences(symptoms, replay_events, start, end)
     # a change that silences the events but makes the loss clearly worse, or non-finite, has not
     # shown itself to be the fix: the same threshold that defines 'improved' defines 'worse'
     gone = bool(symptoms) and again == 0 and imp >= -threshold and nf_after <= nf_before

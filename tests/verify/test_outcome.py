@@ -70,12 +70,12 @@ def test_symptom_gone_with_an_unchanged_loss_vanished():
     loss-only outcome read 'persisted' (attention collapse was never confirmed)."""
     symptoms = symptoms_in([_ev("saturated", 0)], 0, 20, latency=3)
     gone = compare(FLAT, dict(FLAT), 0, 20, 0, symptoms=symptoms, replay_events=[])
-    assert gone.outcome == "vanished" and (gone.symptoms, gone.recurred) == (1, 0)
+    assert gone.outcome == "vanished" and (gone.symptoms, gone.symptoms_after) == (1, 0)
     assert gone.improvement == 0.0
     # the same kind at another layer has not vanished, it moved
     moved = compare(FLAT, dict(FLAT), 0, 20, 0, symptoms=symptoms,
                     replay_events=[_ev("saturated", 2, layer="other.softmax")])
-    assert moved.outcome == "persisted" and moved.recurred == 1
+    assert moved.outcome == "persisted" and moved.symptoms_after == 1
     # an event of another kind does not count against it
     other = compare(FLAT, dict(FLAT), 0, 20, 0, symptoms=symptoms, replay_events=[_ev("dead", 4)])
     assert other.outcome == "vanished"
