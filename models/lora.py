@@ -10,7 +10,9 @@ and MLP projection, and only they train, on task B.
 The loss is task B's; the ``task_a_loss`` signal (every 10 steps, on a fixed held-out batch
 of language A) measures forgetting, with the pre-trained value in
 ``metrics["task_a_before"]``. A healthy fine-tune costs task A about 0.5 nats; the
-forgetting injection about three times that, for the same task-B result.
+forgetting injection about three times that, for the same task-B result. A monitored run
+hands the same held-out loss to ``NeuralDbg(reference=...)``, as a user who cares about
+forgetting would.
 """
 from __future__ import annotations
 
@@ -136,6 +138,11 @@ class LoRATrainer(Trainer):
         """Language-A loss on the fixed held-out batch."""
         with torch.no_grad():
             return lm_loss(self.model, self.xa, self.ya)
+
+    def monitor_defaults(self) -> dict:
+        """The pre-trained task as the monitor's reference: what a user who cares about
+        forgetting hands ``NeuralDbg(model, reference=...)``, every ``signal_every`` steps."""
+        return {"reference": lambda model: lm_loss(model, self.xa, self.ya), "reference_every": self.signal_every}
 
     def forward_backward(self, step: int) -> torch.Tensor:
         x, y = self.text_b.batch(self.cfg.batch_size, self.cfg.base.block_size)

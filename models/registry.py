@@ -65,6 +65,12 @@ class Trainer:
         """End-of-run measurements (e.g. held-out accuracy)."""
         return {}
 
+    def monitor_defaults(self) -> dict[str, Any]:
+        """``NeuralDbg`` keyword arguments this run offers its monitor, as a user of this model
+        would pass them (e.g. LoRA's ``reference``: the pre-trained task's held-out loss);
+        the caller's own arguments win."""
+        return {}
+
     # -- replay (verification) ------------------------------------------------------------
 
     def _shared(self) -> dict[int, Any]:

@@ -104,16 +104,17 @@ def scoped(seed: int, threads: int | None) -> Iterator[None]:
                 torch.set_num_threads(old_threads)
 
 
-def make_monitor(monitor: Any, model: nn.Module, optimizer: Any, fam: str):
+def make_monitor(monitor: Any, model: nn.Module, optimizer: Any, fam: str, defaults: dict[str, Any] | None = None):
     """``None`` for no monitor, else a ``NeuralDbg`` on ``model`` (lazy import).
 
     ``monitor`` is ``None``/``False``, ``True`` or a dict of ``NeuralDbg`` keyword arguments;
-    ``family`` defaults to ``fam`` and ``optimizer`` to the run's main optimizer."""
+    ``family`` defaults to ``fam``, ``optimizer`` to the run's main optimizer, and any other
+    argument to ``defaults`` (what the run itself offers: ``Trainer.monitor_defaults``)."""
     if monitor is None or monitor is False:
         return None
     from neuraldbg import NeuralDbg  # lazy: the zoo runs without the monitor
 
-    kwargs = {} if monitor is True else dict(monitor)
+    kwargs = {**(defaults or {}), **({} if monitor is True else dict(monitor))}
     kwargs.setdefault("family", fam)
     kwargs.setdefault("optimizer", optimizer)
     return NeuralDbg(model, **kwargs)
@@ -172,7 +173,7 @@ def run(
         t_setup = time.perf_counter()
         trainer = spec.trainer(cfg, seed, inj)
         setup_time = time.perf_counter() - t_setup
-        dbg = make_monitor(monitor, trainer.model, trainer.optimizer, spec.family)
+        dbg = make_monitor(monitor, trainer.model, trainer.optimizer, spec.family, trainer.monitor_defaults())
         track_trainer(dbg, trainer)
         with dbg if dbg is not None else contextlib.nullcontext():
             t0 = time.perf_counter()

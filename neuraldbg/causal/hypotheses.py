@@ -115,11 +115,13 @@ def build(trace: Trace, post: Posterior, net: CompiledNetwork, ev: Evidence, cau
     onset = first.step if first is not None else _loss_onset(trace)
     rank = first.rank if first is not None else None
     fix = suggested_fix(trace, ev, cause, state, origin, onset)
+    text = describe(cause, state, p, failure_type, origin, onset, rank)
+    if first is None and "retention" in sup:  # nothing in the loop shows it: the reference does
+        text = (f"{cause} is {state.replace('_', ' ')} (p={p:.2f}): the run forgot its reference task "
+                f"({ev.notes['retention']}).")
     return Hypothesis(cause=cause, state=state, probability=p, failure_type=failure_type,
                       origin_layer=origin, onset_step=onset, evidence=tuple(events),
-                      suggested_fix=fix,
-                      description=describe(cause, state, p, failure_type, origin, onset, rank),
-                      origin_rank=rank)
+                      suggested_fix=fix, description=text, origin_rank=rank)
 
 
 def _data_entry(ev: Evidence) -> int | None:
@@ -175,6 +177,9 @@ def suggested_fix(trace: Trace, ev: Evidence, cause: str, state: str, layer: str
     at = f"`{layer}`" if layer else "the first layer"
     when = f" at step {step}" if step is not None else ""
     if (cause, state) == ("learning_rate", "too_high"):
+        if layer is None and step is None and ev.observed.get("retention") in ("partial", "lost"):
+            return (f"Lower the learning rate about 10x{_lr_text(trace)} (or train fewer steps): the updates "
+                    "overwrite what the model knew while the training loss still falls.")
         return (f"Lower the learning rate about 10x{_lr_text(trace)} or add warm-up and gradient "
                 f"clipping; the blow-up starts{when} in {at}.")
     if (cause, state) == ("learning_rate", "too_low"):

@@ -16,7 +16,11 @@ directly, so they hold on models whose symptoms look different from the zoo's:
   any update (:func:`neuraldbg.monitor.probes.adapter_scale`).
 * ``target_fault`` -- the loss turned non-finite while every monitored input and output was
   finite and the run was calm, or it went back to chance level after having learned.
-* ``chance_loss`` (used by ``loss_start``) -- ``ln K`` for a ``K``-way output
+* ``retention`` -- with a reference loss (``NeuralDbg(..., reference=fn)``: a held-out batch
+  of the task a fine-tune must keep), the share of its pre-trained margin to chance that the
+  run gave up: ``(tail - first) / (ln K - first)`` from the value on entry to the median of
+  the last quarter of the values (:class:`neuraldbg.monitor.reference.ReferenceLoss`).
+* ``chance_loss`` (used by ``loss_start`` and ``retention``) -- ``ln K`` for a ``K``-way output
   (``out_features`` of the last linear layer in forward order), a start reference that does
   not depend on how well training later went.
 
@@ -37,6 +41,11 @@ Cut points (module constants, reasoning in ``docs/causal_model.md``):
 * ``LEARNED``/``BACK``/``CEILING`` -- "back to chance": the loss had fallen below ``LEARNED`` x
   its reference level, and the last ``LOSS_TAIL`` of the run sits between ``BACK`` and
   ``CEILING`` x the reference (shuffled labels return a classifier to ``ln K``, not above it).
+* ``RETENTION_PARTIAL``/``RETENTION_LOST`` -- a quarter and a half of the margin between the
+  reference's starting loss and chance: the zoo's healthy LoRA fine-tunes give up 0.10..0.17
+  (15 runs), so "partial" is half again the top of that and "lost" means that half of what
+  pre-training taught is gone. Without a chance level above the start (an unknown output size, a loss that
+  is not a cross-entropy), the margin is the starting loss itself (lost: +50%).
 * ``START_CHANCE_FACTOR`` -- ``loss_start`` is "high" when the first loss is above this many
   times ``ln K``: an untrained classifier starts near ``ln K`` however fast it then learns.
 """
@@ -60,6 +69,10 @@ LOSS_TAIL = 0.2
 #: fewer recorded losses than this: progress (and a return to chance) is unknowable
 MIN_LOSS_POINTS = 20
 START_CHANCE_FACTOR = 4.0
+RETENTION_PARTIAL = 0.25
+RETENTION_LOST = 0.5
+#: reference values below which retention is not read (the first one and a tail)
+MIN_REFERENCE_POINTS = 3
 #: GAN and RL losses swing with the game; a loss this many times its start is a blow-up
 GAME_BAND = 50.0
 LOSS_HEAD = 0.1
@@ -164,6 +177,39 @@ def target_fault(trace: Trace, events: list[Event]) -> tuple[str | None, tuple[E
     return "absent", (), ""
 
 
+def retention_fraction(first: float, tail: float, chance: float | None) -> float | None:
+    """Share of the reference's margin given up: ``(tail - first) / (chance - first)``, or
+    ``(tail - first) / first`` without a chance level above ``first`` (None when neither
+    margin is positive). Negative when the reference improved. Pure."""
+    margin = chance - first if chance is not None and chance > first else first
+    return (tail - first) / margin if margin > 0 else None
+
+
+def retention_state(fraction: float | None) -> str | None:
+    """'kept', 'partial' or 'lost' from :func:`retention_fraction` (None: not measured)."""
+    if fraction is None:
+        return None
+    if fraction > RETENTION_LOST:
+        return "lost"
+    return "partial" if fraction > RETENTION_PARTIAL else "kept"
+
+
+def retention(trace: Trace) -> tuple[str | None, str]:
+    """(state or None, note) of the ``retention`` signature of ``trace``."""
+    first, tail = meta_float(trace, "reference_first"), meta_float(trace, "reference_tail")
+    n = meta_float(trace, "reference_n") or 0
+    if first is None or tail is None or n < MIN_REFERENCE_POINTS:
+        return None, ""
+    chance = chance_loss(trace)
+    frac = retention_fraction(first, tail, chance)
+    state = retention_state(frac)
+    if state is None:
+        return None, ""
+    to = f"chance ({chance:.3g})" if chance is not None and chance > first else "its own start"
+    return state, (f"the reference loss went from {first:.3g} to {tail:.3g}: {frac:.0%} of its margin to "
+                   f"{to} given up ({state})")
+
+
 def signature_evidence(trace: Trace, events: list[Event]) -> tuple[dict[str, Any], dict[str, tuple[Event, ...]],
                                                                    dict[str, str]]:
     """Observations, support and notes of the signature variables of ``trace``."""
@@ -186,6 +232,9 @@ def signature_evidence(trace: Trace, events: list[Event]) -> tuple[dict[str, Any
         obs["init_scale"] = "large"
         notes["init_scale"] = (f"low-rank adapters start at {a:.3g}x the norm of the frozen layers they "
                                "adapt (LoRA starts at 0: B = 0)")
+    state, note = retention(trace)
+    if state is not None:
+        obs["retention"], notes["retention"] = state, note
     state, support, note = target_fault(trace, events)
     if state is not None:
         obs["target_fault"] = state

@@ -269,6 +269,22 @@ NODES: tuple[Node, ...] = (
             "chance level and stayed there (labels shuffled or misaligned).",
     ),
     Table(
+        "retention", ("kept", "partial", "lost"), parents=("data", "learning_rate"),
+        rows=(
+            ({"learning_rate": "too_high"}, (0.15, 0.25, 0.60)),
+            ({"data": "shifted"}, (0.40, 0.25, 0.35)),
+            ({"data": "corrupted"}, (0.60, 0.20, 0.20)),
+            ({"learning_rate": "too_low"}, (0.97, 0.02, 0.01)),
+            ({}, (0.85, 0.12, 0.03)),
+        ),
+        why="How much of a reference task the run gave up (observed only when the user gives "
+            "NeuralDbg a reference loss: a fine-tune's pre-training task on a held-out batch): "
+            "the share of its margin to chance lost by the end of the run. A fine-tune at a "
+            "step size that rewrites the pre-trained weights forgets it while learning the new "
+            "task as well as a healthy one; training on shifted data overwrites it too. A "
+            "healthy fine-tune gives some of it up, a too-low learning rate none.",
+    ),
+    Table(
         "depth_risk", ("low", "deep", "deep_saturating"), parents=("architecture",),
         rows=(
             ({"architecture": "ok"}, (0.88, 0.09, 0.03)),

@@ -30,8 +30,8 @@ from neuraldbg.monitor.family import detect_family
 from neuraldbg.monitor.history import LossHistory
 from neuraldbg.monitor.hooks import ModuleHooks
 from neuraldbg.monitor.records import unwrap
-from neuraldbg.monitor.probes import (StepSizeProbe, adapter_scale, config_init_range, init_scale, last_out_features,
-                                      probed_weights, reference_stds, weight_census)
+from neuraldbg.monitor.probes import Witnesses, config_init_range, last_out_features, reference_stds
+from neuraldbg.monitor.reference import ReferenceLoss, check_reference
 from neuraldbg.monitor.tokens import TokenWatch, embeddings
 from neuraldbg.monitor.transfer import HostTransfer
 from neuraldbg.queries import CausalQueries
@@ -72,13 +72,17 @@ class NeuralDbg(CausalQueries):
             step) and on exit, so a killed run keeps its diagnosis. Off (``None``) by default.
         snapshots: ``True`` or a ring size ``K`` keeps bounded CPU checkpoints for
             :meth:`verify` (``docs/verification.md``); off (``None``) by default.
+        reference: ``fn(model) -> loss`` on a fixed held-out batch of a task the model must
+            keep (a fine-tune's pre-training task), called on entry and every
+            ``reference_every`` steps without touching training: the retention signature
+            (``neuraldbg/monitor/reference.py``). Off (``None``) by default.
     """
 
     def __init__(self, model: nn.Module, family: str | None = None, optimizer: Any = None, every: int = 1, *,
                  config: DetectorConfig | dict | None = None, detectors: Iterable[str] | None = None,
                  priors: Any = None, output_grads: bool = False, sync_every: int | None = None,
                  scaler: Any = None, snapshots: bool | int | None = None, autosave: Any = None,
-                 autosave_interval: float = 30.0) -> None:
+                 autosave_interval: float = 30.0, reference: Any = None, reference_every: int = 10) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"NeuralDbg expects a torch.nn.Module, got {type(model).__name__}")
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
@@ -87,6 +91,7 @@ class NeuralDbg(CausalQueries):
             else config
         if not isinstance(config, DetectorConfig):
             raise TypeError(f"config must be a DetectorConfig or dict, got {type(config).__name__}")
+        self.reference, self.reference_every = check_reference(reference, reference_every)
         self.model = model
         self.root = unwrap(model)
         self.family = detect_family(self.root) if family is None else validate_family(family)
@@ -118,10 +123,7 @@ class NeuralDbg(CausalQueries):
         self._first_step: int | None = None
         self._last_step = 0
         self._entered = self._exited = False
-        self._init_scale: tuple[float | None, int] = (None, 0)
-        self._adapter_scale: tuple[float | None, int] = (None, 0)
-        self._census = None  # the weight matrices and their norms on entry (probes.weight_census)
-        self._step_probe: StepSizeProbe | None = None
+        self._witnesses = Witnesses()  # the root causes' signatures (probes.py)
         self._closed_active = False  # whether the step closed last was a checked one
         self.rank, self.world_size = dist_rank()
         self._addons: list[Addon] = []  # optional parts with a lifecycle (monitor/addons.py)
@@ -132,6 +134,8 @@ class NeuralDbg(CausalQueries):
             self._addons.append(TokenWatch())
         if autosave is not None:  # the session on disk while training runs (monitor/autosave.py)
             self._addons.append(Autosave(autosave, autosave_interval))
+        if reference is not None:  # what a fine-tune must keep (monitor/reference.py)
+            self._addons.append(ReferenceLoss(reference, reference_every))
 
     @property
     def sync_every(self) -> int:
@@ -154,40 +158,22 @@ class NeuralDbg(CausalQueries):
             self._hooks.remove()
             log.exception("neuraldbg: could not register hooks; monitoring is off for this run")
             return self
-        self._safe(self._measure_weights, "initial weight scale")
-        self._safe(self._attach_step_probe, "step size")
+        self._safe(lambda: self._witnesses.measure(self._hooks.modules, self.root), "initial weight scale")
+        self._safe(lambda: self._witnesses.attach(self.optimizer, self._hooks.modules, self._update_checked,
+                                                  self._report), "step size")
         self._call_addons("enter")
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         self._exited = True
         self._hooks.remove()
-        if self._step_probe is not None:
-            self._safe(self._step_probe.remove, "step size")
+        self._safe(self._witnesses.remove, "step size")
         self._safe(self._close_step, "close")
         self._safe(self._transfer.drain, "drain")
         self._call_addons("exit", exc)
         return False
 
     # ---- root-cause signatures (docs/causal_model.md) ------------------------------------
-    def _measure_weights(self) -> None:
-        # the weights as training finds them: one host transfer, before the first update
-        self._census = weight_census(self._hooks.modules)
-        self._init_scale = init_scale(self._hooks.modules, config_init_range(self.root), census=self._census)
-        self._adapter_scale = adapter_scale(self.root)
-
-    def _attach_step_probe(self) -> None:
-        opt = self.optimizer
-        if opt is None:
-            return
-        if not (hasattr(opt, "register_step_pre_hook") and hasattr(opt, "param_groups")):
-            self._report(("step_probe",), f"optimizer {type(opt).__name__} has no step hooks; the step "
-                         "size is not measured", level=logging.INFO)
-            return
-        owner = probed_weights(self._hooks.modules, census=self._census)
-        if owner:
-            self._step_probe = StepSizeProbe(opt, owner, self._update_checked)
-
     def _update_checked(self) -> bool:
         """Whether the optimizer step now starting belongs to a checked step. Without
         ``dbg.step``, ``record_loss`` has already closed that step (and opened the next)."""
@@ -199,19 +185,8 @@ class NeuralDbg(CausalQueries):
         (``adapter_ratio``), update-to-weight ratios over the first checked steps read at the
         peak learning rate (``step_ratio_peak``: the median layer, ``step_ratio_max``: the
         fastest; see :class:`~neuraldbg.monitor.probes.StepSizeProbe`), the peak learning rate
-        as set, and the model's output size (``out_features``)."""
-        out: dict[str, float] = {}
-        f, n = self._init_scale
-        if f is not None:
-            out["init_scale_log10"], out["init_scale_n"] = f, n
-        r, n = self._adapter_scale
-        if r is not None:
-            out["adapter_ratio"], out["adapter_n"] = r, n
-        probe = self._step_probe
-        if probe is not None:
-            out.update(probe.summary())
-            if probe.lr_peak is not None:
-                out["lr_peak"] = probe.lr_peak
+        as set, the model's output size (``out_features``) and the add-ons' (``reference_*``)."""
+        out = self._witnesses.summary()
         for addon in self._addons:  # duck-typed add-ons need not define every method
             out.update(getattr(addon, "signatures", dict)())
         k = last_out_features(self._order, dict(self._hooks.modules))
@@ -377,6 +352,11 @@ class NeuralDbg(CausalQueries):
                      first_step=self._first_step or 0, last_step=self._last_step,
                      loss=self._loss.summary(), rank=self.rank, world_size=self.world_size,
                      meta=tuple(sorted((k, v if not isinstance(v, list) else tuple(v)) for k, v in meta.items())))
+
+    def reference_points(self) -> list[tuple[int, float]]:
+        """``(step, reference loss)`` recorded so far (``reference=``; empty without one)."""
+        ref = next((a for a in self._addons if isinstance(a, ReferenceLoss)), None)
+        return ref.points() if ref is not None else []
 
     def export_aquarium_package(self, path) -> str:
         """Write the session as one versioned JSON document (atomically); returns the path."""

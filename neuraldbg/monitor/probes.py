@@ -8,6 +8,7 @@ holds the optimizer hooks and keeps its running peak on the device (no host sync
 """
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Callable, Iterable
 
@@ -281,4 +282,58 @@ class StepSizeProbe:
             if vals:
                 vals.sort()
                 out[key] = vals[len(vals) // 2]
+        return out
+
+
+class Witnesses:
+    """The root causes' own witnesses for one monitor (``docs/causal_model.md``): the weights
+    as training finds them (:meth:`measure`, on entry), the step-size probe on the optimizer
+    (:meth:`attach`), and their numbers for the trace (:meth:`summary`)."""
+
+    def __init__(self) -> None:
+        self.census: Census | None = None  # the weight matrices and their norms on entry
+        self.init_scale: tuple[float | None, int] = (None, 0)
+        self.adapter_scale: tuple[float | None, int] = (None, 0)
+        self.step_probe: StepSizeProbe | None = None
+
+    def measure(self, modules: list[tuple[str, nn.Module]], root: nn.Module) -> None:
+        """Initial weight scale and adapters' starting size: one host transfer, before the
+        first update."""
+        self.census = weight_census(modules)
+        self.init_scale = init_scale(modules, config_init_range(root), census=self.census)
+        self.adapter_scale = adapter_scale(root)
+
+    def attach(self, optimizer: Any, modules: list[tuple[str, nn.Module]], checked: Callable[[], bool],
+               report: Callable[..., None]) -> None:
+        """Hook the step-size probe on ``optimizer`` (``report`` says why not, once)."""
+        if optimizer is None:
+            return
+        if not (hasattr(optimizer, "register_step_pre_hook") and hasattr(optimizer, "param_groups")):
+            report(("step_probe",), f"optimizer {type(optimizer).__name__} has no step hooks; the step "
+                   "size is not measured", level=logging.INFO)
+            return
+        owner = probed_weights(modules, census=self.census)
+        if owner:
+            self.step_probe = StepSizeProbe(optimizer, owner, checked)
+
+    def remove(self) -> None:
+        """Remove the probe's optimizer hooks."""
+        if self.step_probe is not None:
+            self.step_probe.remove()
+
+    def summary(self) -> dict[str, float]:
+        """``init_scale_log10``/``_n``, ``adapter_ratio``/``_n``, the probe's ratios and
+        ``lr_peak`` (one host transfer)."""
+        out: dict[str, float] = {}
+        f, n = self.init_scale
+        if f is not None:
+            out["init_scale_log10"], out["init_scale_n"] = f, n
+        r, n = self.adapter_scale
+        if r is not None:
+            out["adapter_ratio"], out["adapter_n"] = r, n
+        probe = self.step_probe
+        if probe is not None:
+            out.update(probe.summary())
+            if probe.lr_peak is not None:
+                out["lr_peak"] = probe.lr_peak
         return out

@@ -27,6 +27,7 @@ import torch
 
 from neuraldbg.causal import api as capi
 from neuraldbg.causal import hypotheses as _hyp
+from neuraldbg.causal.signatures import retention
 from neuraldbg.causal.types import Posterior
 from neuraldbg.verify import likelihoods as L
 from neuraldbg.verify.interventions import Context, get_intervention
@@ -103,7 +104,8 @@ def _run_test(dbg: Any, snaps: Snapshots, replay: Callable, hyp: Any, trace: Any
     try:
         inner = type(dbg)(dbg.model, family=dbg.family, optimizer=dbg.optimizer, every=dbg.every,
                           config=dbg.config, detectors=dbg._detector_names, priors=dbg.priors,
-                          output_grads=dbg.output_grads, scaler=dbg.scaler)
+                          output_grads=dbg.output_grads, scaler=dbg.scaler, reference=dbg.reference,
+                          reference_every=dbg.reference_every)
         with inner:
             for t in range(start, end):
                 inner.step = t
@@ -116,12 +118,16 @@ def _run_test(dbg: Any, snaps: Snapshots, replay: Callable, hyp: Any, trace: Any
     paired = start <= trace.first_step
     latency = dbg.config.regime_persistence * max(1, int(dbg.every))
     symptoms = symptoms_in(hyp.evidence, start, end, latency) if paired else []
-    cmp = compare(original, replayed, start, end, onset, symptoms=symptoms, replay_events=inner.events)
+    # a run that gave up part of its reference task: the reference is a symptom too
+    lost = retention(trace)[0] not in (None, "kept")
+    refs = (loss_map(dbg.reference_points()), loss_map(inner.reference_points())) if lost else None
+    cmp = compare(original, replayed, start, end, onset, symptoms=symptoms, replay_events=inner.events,
+                  reference=refs)
     return Test(**base, outcome=cmp.outcome, start_step=start, end_step=end, steps=end - start,
                 improvement=cmp.improvement, nonfinite_before=cmp.nonfinite_before,
                 nonfinite_after=cmp.nonfinite_after, events_after=len(inner.events), acted=ctx.acted,
                 layers=tuple(ctx.notes.get("layers", ())), symptoms=cmp.symptoms,
-                symptoms_after=cmp.symptoms_after)
+                symptoms_after=cmp.symptoms_after, reference_gain=cmp.reference_gain)
 
 
 def verify(dbg: Any, replay: Callable, steps: int = DEFAULT_STEPS, top: int = DEFAULT_TOP,

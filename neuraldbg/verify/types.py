@@ -16,7 +16,8 @@ class Test:
     ``improvement`` is the mean relative loss improvement of the late window
     (:mod:`neuraldbg.verify.outcome`), ``None`` when nothing was replayed; ``symptoms`` and
     ``symptoms_after`` count the hypothesis' events in a window from the first step and their
-    kinds' events in the replay.
+    kinds' events in the replay; ``reference_gain`` is the reference loss' late improvement
+    when the run gave up part of its reference task (``None`` otherwise).
     """
 
     cause: str
@@ -35,6 +36,7 @@ class Test:
     layers: tuple[str, ...] = ()      # re-initialized layers (initialization tests)
     symptoms: int = 0                 # the hypothesis' events the paired window showed
     symptoms_after: int = 0           # replay events of their kinds (0 of >= 1: they vanished)
+    reference_gain: float | None = None  # the reference loss' late improvement (retention not kept)
 
     @property
     def verified(self) -> bool | None:
@@ -52,18 +54,23 @@ class Test:
             return f"Not verified: {self.reason}."
         span = f"steps {self.start_step}-{(self.end_step or 0) - 1}"
         what = "vanished" if self.outcome == "vanished" else "persisted"
+        parts = []
         if self.symptoms:
             ev = "event" if self.symptoms == 1 else "events"
-            what += (f" ({self.symptoms} {ev} of the run, {self.symptoms_after} of the same kind in the replay; "
-                     f"loss {100 * (self.improvement or 0.0):+.0f}%)")
+            parts.append(f"{self.symptoms} {ev} of the run, {self.symptoms_after} of the same kind in the replay")
+        if self.reference_gain is not None:
+            parts.append(f"reference loss {100 * self.reference_gain:+.0f}%")
+        if parts:
+            what += f" ({'; '.join(parts)}; loss {100 * (self.improvement or 0.0):+.0f}%)"
         return f"Verified by replay ({span}, {self.intervention}): the symptom {what}."
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
         d["layers"] = list(self.layers)
-        if isinstance(d["improvement"], float) and not math.isfinite(d["improvement"]):
-            d["improvement"] = None
+        for k in ("improvement", "reference_gain"):
+            if isinstance(d[k], float) and not math.isfinite(d[k]):
+                d[k] = None
         d["verified"] = self.verified
         return d
 

@@ -152,3 +152,15 @@ def test_a_data_fault_does_not_claim_events_before_it_entered():
     h = api.hypotheses(tr)[0]
     assert (h.cause, h.state, h.origin_layer, h.onset_step) == ("data", "corrupted", "0", 40)
     assert min(e.step for e in h.evidence) == 40
+
+
+def test_a_forgotten_reference_is_named_in_the_sentence_and_the_fix():
+    """A fine-tune that learns its task (no event, a falling loss) while its reference loss rises
+    halfway to chance: the hypothesis says so, not 'first seen in the loss at an unknown step'."""
+    meta = (("lr", (0.05,)), ("out_features", 28), ("reference_first", 0.94), ("reference_n", 16),
+            ("reference_tail", 2.4), ("step_ratio_peak", 0.15))
+    top = api.hypotheses(trace([], losses=decreasing(), family="lora", meta=meta))[0]
+    assert (top.cause, top.state) == ("learning_rate", "too_high")
+    assert "forgot its reference task" in top.description and "61% of its margin" in top.description
+    assert "overwrite what the model knew" in top.suggested_fix and "(currently 0.05)" in top.suggested_fix
+    assert top.origin_layer is None and top.evidence == ()

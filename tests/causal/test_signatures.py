@@ -106,3 +106,28 @@ def test_vanishing_on_an_improving_loss_is_not_evidence():
     assert "vanishing" not in ev.observed and "loss keeps improving" in ev.notes["vanishing"]
     stuck = [2.0] * 60
     assert extract(trace(losses=stuck, events=[van])).observed["vanishing"] == "init_depth"
+
+
+@pytest.mark.parametrize("first,tail,chance,frac", [(1.0, 1.5, 3.0, 0.25), (1.0, 3.0, 3.0, 1.0), (1.0, 0.5, 3.0, -0.25),
+                                                    (1.0, 1.5, None, 0.5), (2.0, 3.0, 1.5, 0.5), (0.0, 1.0, None, None)])
+def test_retention_fraction_is_the_share_of_the_margin_to_chance(first, tail, chance, frac):
+    got = G.retention_fraction(first, tail, chance)
+    assert got == (None if frac is None else pytest.approx(frac))
+
+
+@pytest.mark.parametrize("frac,state", [(None, None), (-0.3, "kept"), (0.17, "kept"), (0.25, "kept"), (0.3, "partial"),
+                                        (0.5, "partial"), (0.56, "lost"), (1.2, "lost")])
+def test_retention_cut_points(frac, state):
+    assert G.retention_state(frac) == state
+
+
+def test_retention_read_from_trace_meta():
+    """ln 28 = 3.33: a reference that went from 0.94 to 2.4 gave up 61% of its margin to chance
+    (the zoo's LoRA fine-tune at a 50x step size); 0.94 to 1.36 (its healthy run) 18%."""
+    meta = {"out_features": 28, "reference_first": 0.94, "reference_n": 16}
+    lost = extract(trace(losses=[1.0] * 30, meta={**meta, "reference_tail": 2.4}))
+    assert lost.observed["retention"] == "lost" and "61% of its margin to chance" in lost.notes["retention"]
+    assert extract(trace(losses=[1.0] * 30, meta={**meta, "reference_tail": 1.36})).observed["retention"] == "kept"
+    few = extract(trace(losses=[1.0] * 30, meta={**meta, "reference_n": 2, "reference_tail": 2.4}))
+    assert "retention" not in few.observed  # a start and one more value say nothing of a trend
+    assert "retention" not in extract(trace(losses=[1.0] * 30, meta=meta)).observed  # a non-finite tail

@@ -7,10 +7,11 @@ import dataclasses
 import pytest
 import torch
 
+from neuraldbg.causal import api as capi
 from neuraldbg.verify import api
 from neuraldbg.verify.interventions import INTERVENTIONS, get_intervention, register_intervention
 from neuraldbg.verify.snapshots import of
-from verify_cases import blind_priors, train, train_attention
+from verify_cases import blind_priors, finetune, train, train_attention
 
 STEPS = 40
 
@@ -136,3 +137,24 @@ def test_healthy_attention_has_no_symptom_to_test():
     v = dbg.verify(replay, steps=20, top=3)
     assert all(t.symptoms == 0 for t in v.tests)
     assert v.posterior.p_healthy > 0.5
+
+
+def test_healthy_fine_tune_keeps_its_reference_and_is_not_confirmed():
+    _, _, dbg, replay = finetune(lr=1e-3)
+    assert capi.evidence(dbg.trace()).observed["retention"] == "kept"
+    v = dbg.verify(replay, top=2)
+    assert all(t.reference_gain is None for t in v.tests)  # a kept reference is no symptom
+    assert all(t.outcome != "vanished" for t in v.tests if t.label == "learning_rate/too_high")
+    assert v.posterior.p_healthy > 0.9
+
+
+@pytest.mark.parametrize("lr", [3e-3, 3e-2])
+def test_forgetting_a_task_the_fine_tune_overwrites_is_not_blamed_on_the_rate(lr):
+    """B mostly replaces A: every rate that learns B forgets A, and a rate /10 keeps A better
+    only by learning B as much more slowly. That trade is no evidence of a step size too large."""
+    _, _, dbg, replay = finetune(lr=lr, conflict=3.0)
+    assert capi.evidence(dbg.trace()).observed["retention"] == "lost"
+    v = dbg.verify(replay, top=2)
+    t = _test(v, "learning_rate/too_high")
+    assert t.outcome == "persisted" and t.reference_gain > 0.3 and t.improvement < -0.3
+    assert v.posterior["learning_rate"]["too_high"] <= v.posterior_before["learning_rate"]["too_high"]

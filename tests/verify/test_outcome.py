@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from neuraldbg.verify.outcome import VANISHED_IMPROVEMENT, compare, late_steps, recurrences, relative_gain, symptoms_in
+from neuraldbg.verify.outcome import (REFERENCE_TRADE, VANISHED_IMPROVEMENT, compare, late_steps, recurrences, reference_gain,
+                                     relative_gain, symptoms_in)
 
 NAN, INF = math.nan, math.inf
 
@@ -102,3 +103,42 @@ def test_a_replay_event_outside_the_window_is_not_a_recurrence():
     symptoms = [("activation_regime_shift", "saturated")]
     assert recurrences(symptoms, [_ev("saturated", 25)], 0, 20) == 0
     assert recurrences(symptoms, [_ev("saturated", 0, end=3)], 2, 20) == 1
+
+
+def test_reference_gain_reads_the_late_paired_records_after_the_start():
+    orig = {0: 1.0, 10: 2.0, 20: 3.0}
+    replay = {0: 1.0, 10: 1.0, 20: 1.5}
+    assert reference_gain(orig, replay, 0, 25, onset=0) == pytest.approx(0.5)  # only step 20 is late
+    assert reference_gain(orig, replay, 0, 20, onset=0) == pytest.approx(0.5)  # step 10, none later
+    assert reference_gain(orig, {0: 1.0}, 0, 20, onset=0) is None
+    assert reference_gain(orig, replay, 0, 10, onset=0) is None  # the start record is the snapshot's
+
+
+def test_a_kept_reference_vanishes_the_symptom_even_when_training_slows():
+    loss = {t: 1.0 for t in range(20)}
+    slower = {t: 1.1 for t in range(20)}  # the lower step size learns the new task more slowly...
+    refs = ({0: 1.0, 10: 2.0}, {0: 1.0, 10: 1.2})  # ...and keeps the old one
+    c = compare(loss, slower, 0, 20, 0, reference=refs)
+    assert c.outcome == "vanished" and c.improvement < -VANISHED_IMPROVEMENT
+    assert c.reference_gain == pytest.approx(0.4)
+    assert compare(loss, slower, 0, 20, 0).outcome == "persisted"  # without the reference
+    same = compare(loss, slower, 0, 20, 0, reference=(refs[0], dict(refs[0])))
+    assert same.outcome == "persisted" and same.reference_gain == 0.0
+
+
+def test_a_reference_kept_only_by_learning_more_slowly_persisted():
+    """On a task that overwrites the reference, a lower rate keeps it better by about what it
+    costs the task: the ordinary trade of any learning rate, not a step size too large."""
+    loss = {t: 1.0 for t in range(20)}
+    slower = {t: 1.25 for t in range(20)}  # 20% worse
+    refs = ({0: 1.0, 10: 2.0}, {0: 1.0, 10: 1.4})  # 30% better: less than twice the cost
+    c = compare(loss, slower, 0, 20, 0, reference=refs)
+    assert c.outcome == "persisted" and c.reference_gain == pytest.approx(0.3)
+    assert c.reference_gain < REFERENCE_TRADE * -c.improvement + VANISHED_IMPROVEMENT
+
+
+def test_a_reference_kept_by_a_nonfinite_replay_is_no_fix():
+    loss = {t: 1.0 for t in range(20)}
+    broken = {t: (1.0 if t < 15 else NAN) for t in range(20)}
+    c = compare(loss, broken, 0, 20, 0, reference=({0: 1.0, 10: 2.0}, {0: 1.0, 10: 1.0}))
+    assert c.outcome == "persisted" and c.nonfinite_after == 5

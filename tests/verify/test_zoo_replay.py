@@ -63,3 +63,25 @@ def test_ecosystem_replay_reproduces_the_run(arch, injection):
     restore(end, dbg.root, dbg.optimizer, dbg.scaler, snaps.tracked)
     v = dbg.verify(r.replay)
     assert v.extra_steps > 0
+
+
+def test_zoo_lora_forgetting_is_confirmed_by_its_reference():
+    """The zoo's LoRA fine-tune at 50x its rate learns task B like the healthy run: over 60
+    steps the observation is a coin toss (task A partly lost, the step size 'elevated'). The
+    rate /10 keeps task A far better than it slows task B, and verification settles it."""
+    r = models.run("lora", "lora_forgetting", seed=0, steps=60, monitor={"snapshots": True})
+    v = r.dbg.verify(r.replay)
+    t = next(t for t in v.tests if t.label == "learning_rate/too_high")
+    assert 0.2 < v.posterior_before.p_healthy < 0.8
+    assert t.outcome == "vanished" and t.improvement < 0 and t.reference_gain > 0.3
+    assert "reference loss +" in t.sentence()
+    top = v.hypotheses[0]
+    assert (top.cause, top.state, top.verified) == ("learning_rate", "too_high", True) and top.probability > 0.9
+    healthy = models.run("lora", "healthy", seed=0, steps=60, monitor={"snapshots": True})
+    hv = healthy.dbg.verify(healthy.replay)
+    assert hv.posterior.p_healthy > 0.99 and all(t.reference_gain is None for t in hv.tests)
+
+
+def test_zoo_lora_reference_can_be_turned_off():
+    r = models.run("lora", "healthy", seed=0, steps=30, monitor={"reference": None})
+    assert r.dbg.reference is None and "reference_first" not in dict(r.dbg.trace().meta)

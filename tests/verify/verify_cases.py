@@ -75,6 +75,36 @@ def _monitored(model, opt, steps: int, loss_of, **kwargs):
     return model, opt, dbg, replay
 
 
+def finetune(*, lr: float, seed: int = 0, steps: int = 60, reference: bool = True, conflict: float = 0.7):
+    """A model pre-trained on teacher A (300 Adam steps, unmonitored), then fine-tuned with
+    Adam at ``lr`` on teacher B = A + ``conflict`` x another teacher under ``NeuralDbg(...,
+    snapshots=True, reference=...)``, the reference being A's loss on a held-out batch.
+    With the related B (0.7), 1e-3 keeps most of A; a B dominated by the other teacher (3.0)
+    overwrites A at any rate that learns it. Returns
+    ``(model, opt, dbg, replay)``."""
+    g = torch.Generator().manual_seed(2000 + seed)
+    teacher_a = torch.randn(IN, CLASSES * 2, generator=g)
+    teacher_b = teacher_a + conflict * torch.randn(IN, CLASSES * 2, generator=g)
+    xa = torch.randn(512, IN, generator=g)
+    ya = (torch.tanh(xa) @ teacher_a).argmax(-1)
+    pre_x = torch.randn(300, BATCH, IN, generator=g)
+    pre_y = (torch.tanh(pre_x) @ teacher_a).argmax(-1)
+    xs = torch.randn(steps, BATCH, IN, generator=g)
+    ys = (torch.tanh(xs) @ teacher_b).argmax(-1)
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
+                          nn.Linear(HIDDEN, CLASSES * 2))
+    pre = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for x, y in zip(pre_x, pre_y):
+        pre.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        pre.step()
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    ref = (lambda m: F.cross_entropy(m(xa), ya)) if reference else None
+    return _monitored(model, opt, steps, lambda m, step: F.cross_entropy(m(xs[step]), ys[step]),
+                      snapshots=True, reference=ref, reference_every=5)
+
+
 def blind_priors(path, family: str = "mlp", keep: tuple[str, ...] = ("loss_pattern",)) -> str:
     """A prior file where only the evidence variables in ``keep`` carry information (every
     other evidence table is flat): a network that sees the loss blow up but neither the root
