@@ -27,7 +27,6 @@ import torch
 
 from neuraldbg.causal import api as capi
 from neuraldbg.causal import hypotheses as _hyp
-from neuraldbg.causal.signatures import retention
 from neuraldbg.causal.types import Posterior
 from neuraldbg.verify import likelihoods as L
 from neuraldbg.verify.interventions import Context, get_intervention
@@ -78,7 +77,8 @@ def _loss_value(loss: Any, step: int) -> tuple[Any, float]:
                     f"got {type(loss).__name__}")
 
 
-def _run_test(dbg: Any, snaps: Snapshots, replay: Callable, hyp: Any, trace: Any, steps: int) -> Test:
+def _run_test(dbg: Any, snaps: Snapshots, replay: Callable, hyp: Any, trace: Any, steps: int,
+              reference_lost: bool = False) -> Test:
     iv = get_intervention(hyp.cause, hyp.state)
     if iv is None:
         return Test(hyp.cause, hyp.state, "none", "untestable", reason="no intervention is registered for it")
@@ -119,8 +119,7 @@ def _run_test(dbg: Any, snaps: Snapshots, replay: Callable, hyp: Any, trace: Any
     latency = dbg.config.regime_persistence * max(1, int(dbg.every))
     symptoms = symptoms_in(hyp.evidence, start, end, latency) if paired else []
     # a run that gave up part of its reference task: the reference is a symptom too
-    lost = retention(trace)[0] not in (None, "kept")
-    refs = (loss_map(dbg.reference_points()), loss_map(inner.reference_points())) if lost else None
+    refs = (loss_map(dbg.reference_points()), loss_map(inner.reference_points())) if reference_lost else None
     cmp = compare(original, replayed, start, end, onset, symptoms=symptoms, replay_events=inner.events,
                   reference=refs)
     return Test(**base, outcome=cmp.outcome, start_step=start, end_step=end, steps=end - start,
@@ -148,11 +147,12 @@ def verify(dbg: Any, replay: Callable, steps: int = DEFAULT_STEPS, top: int = DE
     before = capi.posterior(trace, pri)
     joint = net.root_joint_posterior(ev.observed)
     built = {(h.cause, h.state): h for h in _hyp.hypotheses(trace, before, net, ev, floor=0.0)}
+    lost = ev.observed.get("retention") in ("partial", "lost")  # the reference is a symptom (outcome.py)
     end_state = capture(dbg.root, dbg.optimizer, dbg.scaler, trace.last_step + 1, snaps.tracked, full=True)
     tests: list[Test] = []
     try:
         for c, s, _ in before.abnormal():  # most probable first, until `top` were replayed
-            tests.append(_run_test(dbg, snaps, replay, built[(c, s)], trace, steps))
+            tests.append(_run_test(dbg, snaps, replay, built[(c, s)], trace, steps, lost))
             if sum(t.outcome != "untestable" for t in tests) >= top:
                 break
     finally:
