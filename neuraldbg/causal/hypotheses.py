@@ -14,6 +14,7 @@ from typing import Mapping
 
 from neuraldbg.causal.compiled import CompiledNetwork
 from neuraldbg.causal.evidence import Evidence
+from neuraldbg.causal.signatures import retention_not_kept
 from neuraldbg.causal.structure import ROOTS
 from neuraldbg.causal.types import CausalChain, Hypothesis, Posterior
 from neuraldbg.events.base import FAILURE_TYPES, Event
@@ -177,7 +178,7 @@ def suggested_fix(trace: Trace, ev: Evidence, cause: str, state: str, layer: str
     at = f"`{layer}`" if layer else "the first layer"
     when = f" at step {step}" if step is not None else ""
     if (cause, state) == ("learning_rate", "too_high"):
-        if layer is None and step is None and ev.observed.get("retention") in ("partial", "lost"):
+        if layer is None and step is None and retention_not_kept(ev.observed.get("retention")):
             return (f"Lower the learning rate about 10x{_lr_text(trace)} (or train fewer steps): the updates "
                     "overwrite what the model knew while the training loss still falls.")
         return (f"Lower the learning rate about 10x{_lr_text(trace)} or add warm-up and gradient "

@@ -194,6 +194,12 @@ def retention_state(fraction: float | None) -> str | None:
     return "partial" if fraction > RETENTION_PARTIAL else "kept"
 
 
+def retention_not_kept(state: str | None) -> bool:
+    """Whether an observed ``retention`` state says the run gave up part of its reference
+    (then the reference is a symptom: a hypothesis' sentence, verification's outcome)."""
+    return state in ("partial", "lost")
+
+
 def retention(trace: Trace) -> tuple[str | None, str]:
     """(state or None, note) of the ``retention`` signature of ``trace``."""
     first, tail = meta_float(trace, "reference_first"), meta_float(trace, "reference_tail")

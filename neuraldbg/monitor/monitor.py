@@ -31,7 +31,7 @@ from neuraldbg.monitor.history import LossHistory
 from neuraldbg.monitor.hooks import ModuleHooks
 from neuraldbg.monitor.records import unwrap
 from neuraldbg.monitor.probes import Witnesses, config_init_range, last_out_features, reference_stds
-from neuraldbg.monitor.reference import ReferenceLoss, check_reference
+from neuraldbg.monitor.reference import DEFAULT_EVERY, ReferenceLoss, check_reference
 from neuraldbg.monitor.tokens import TokenWatch, embeddings
 from neuraldbg.monitor.transfer import HostTransfer
 from neuraldbg.queries import CausalQueries
@@ -82,7 +82,7 @@ class NeuralDbg(CausalQueries):
                  config: DetectorConfig | dict | None = None, detectors: Iterable[str] | None = None,
                  priors: Any = None, output_grads: bool = False, sync_every: int | None = None,
                  scaler: Any = None, snapshots: bool | int | None = None, autosave: Any = None,
-                 autosave_interval: float = 30.0, reference: Any = None, reference_every: int = 10) -> None:
+                 autosave_interval: float = 30.0, reference: Any = None, reference_every: int = DEFAULT_EVERY) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"NeuralDbg expects a torch.nn.Module, got {type(model).__name__}")
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:

@@ -19,7 +19,6 @@ for retention.
 """
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any, Callable
 
@@ -28,8 +27,6 @@ import torch
 from neuraldbg.monitor.addons import Addon
 from neuraldbg.monitor.history import LossHistory
 from neuraldbg.monitor.lossinput import loss_value
-
-log = logging.getLogger("neuraldbg")
 
 #: ``reference_every`` when not given: a held-out forward every 10 steps
 DEFAULT_EVERY = 10
@@ -97,6 +94,12 @@ class ReferenceLoss(Addon):
         if len(self._pending) >= dbg.sync_every:
             self.flush(dbg)
 
+    def _claim_entry(self, dbg: Any, step: int) -> None:
+        """File the value measured on entry under ``step`` (once)."""
+        if self._entry is not None:
+            self._entry, (_, value) = None, self._entry
+            self._push(dbg, step, value)
+
     def enter(self, dbg: Any) -> None:
         """The model as training finds it."""
         self._entry = (dbg.step, self._measure(dbg))
@@ -106,16 +109,13 @@ class ReferenceLoss(Addon):
         if self._entry is not None:
             # no step closed since entry: the entry value *is* this step's model (a loop that
             # starts at a step other than 0, or a replay from a snapshot)
-            self._entry, (_, value) = None, self._entry
-            self._push(dbg, step, value)
+            self._claim_entry(dbg, step)
         elif step % self.every == 0:
             self._push(dbg, step, self._measure(dbg))
 
     def step_closed(self, dbg: Any, step: int, checked: bool) -> None:
         """The entry value belongs to the step that just closed."""
-        if self._entry is not None:
-            self._entry, (_, value) = None, self._entry
-            self._push(dbg, step, value)
+        self._claim_entry(dbg, step)
 
     def flush(self, dbg: Any = None) -> None:
         """Move the waiting values to the host (one transfer)."""
@@ -131,8 +131,7 @@ class ReferenceLoss(Addon):
     def exit(self, dbg: Any, exc: BaseException | None) -> None:
         """Read what is left (an entry value no step claimed belongs to the step on entry)."""
         if self._entry is not None:
-            self._entry, (step, value) = None, self._entry
-            self._push(dbg, step, value)
+            self._claim_entry(dbg, self._entry[0])
         self.flush(dbg)
 
     def points(self) -> list[tuple[int, float]]:

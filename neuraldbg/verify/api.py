@@ -27,6 +27,7 @@ import torch
 
 from neuraldbg.causal import api as capi
 from neuraldbg.causal import hypotheses as _hyp
+from neuraldbg.causal.signatures import retention_not_kept
 from neuraldbg.causal.types import Posterior
 from neuraldbg.verify import likelihoods as L
 from neuraldbg.verify.interventions import Context, get_intervention
@@ -147,7 +148,7 @@ def verify(dbg: Any, replay: Callable, steps: int = DEFAULT_STEPS, top: int = DE
     before = capi.posterior(trace, pri)
     joint = net.root_joint_posterior(ev.observed)
     built = {(h.cause, h.state): h for h in _hyp.hypotheses(trace, before, net, ev, floor=0.0)}
-    lost = ev.observed.get("retention") in ("partial", "lost")  # the reference is a symptom (outcome.py)
+    lost = retention_not_kept(ev.observed.get("retention"))  # the reference is a symptom (outcome.py)
     end_state = capture(dbg.root, dbg.optimizer, dbg.scaler, trace.last_step + 1, snaps.tracked, full=True)
     tests: list[Test] = []
     try:
