@@ -20,6 +20,7 @@ demo: venv
 	$(VPY) -m neuraldbg.demo
 
 test: venv
+	$(VPY) -m ruff check .
 	$(VPY) -m pytest -q
 
 bench: venv

@@ -203,7 +203,8 @@ def _verification_goals(v: Mapping[str, Any]) -> list[tuple[str, str, str]]:
          f"min {fmt(arch.loc[worst, 'top1_after'])} ({worst})",
          _verdict(arch.loc[worst, "top1_after"], lambda x: x >= GOAL_VERIFIED_TOP1_ARCH)),
         ("no healthy run turned into a false alarm by verification",
-         f"{int(fa.loc['after', 'new_alarms'])} of {v['n_healthy']} (held-out folds {int(fa.loc['after_cv', 'new_alarms'])})",
+         f"{int(fa.loc['after', 'new_alarms'])} of {v['n_healthy']} "
+         f"(held-out folds {int(fa.loc['after_cv', 'new_alarms'])})",
          "PASS" if fa.loc["after", "new_alarms"] == 0 else "FAIL"),
         (f"median extra steps per run <= {GOAL_VERIFY_STEPS}", fmt(v["extra_steps_median"], 0),
          _verdict(v["extra_steps_median"], lambda x: x <= GOAL_VERIFY_STEPS)),

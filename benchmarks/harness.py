@@ -46,12 +46,10 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from benchmarks.records import (API_COLUMNS, RECORD_COLUMNS, collect, empty_record, family_of, fill_monitor,
-                                fill_run, fill_truth, fill_verification, load_records, read_record, record_path,
-                                write_record)
-from benchmarks.suites import (DEFAULT_BARE_SEEDS, DEFAULT_SEEDS, DEFAULT_SUITE, HEALTHY_PER_SEED,
-                               QUICK_BARE_SEEDS, QUICK_HEALTHY_SEEDS, QUICK_SEEDS, SUITES, RunSpec, get_suite,
-                               plan, suite_plan)
+from benchmarks.records import (API_COLUMNS, RECORD_COLUMNS, collect, empty_record, family_of, fill_monitor, fill_run,
+                                fill_truth, fill_verification, load_records, read_record, record_path, write_record)
+from benchmarks.suites import (DEFAULT_BARE_SEEDS, DEFAULT_SEEDS, DEFAULT_SUITE, HEALTHY_PER_SEED, QUICK_BARE_SEEDS,
+                               QUICK_HEALTHY_SEEDS, QUICK_SEEDS, SUITES, RunSpec, get_suite, plan, suite_plan)
 from neuraldbg.jsonio import write_json_atomic
 
 log = logging.getLogger("neuraldbg")

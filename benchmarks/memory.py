@@ -8,7 +8,7 @@ checkpoint the script records
   (``tracemalloc``; torch tensor storage is not in it, and the loop allocates no lasting
   Python objects of its own, so growth here is the monitor's),
 - ``rss_mib``: the process's resident set size (``/proc/self/status``, Linux),
-- the monitor's own bounded structures: events, loss-history points, pending transfers.
+- the monitor's own bounded structures: events and loss-history points.
 Three scenarios: ``healthy`` (no events), ``persistent`` (a layer is dead from the start, so
 a detector hits on every step: collapsing must keep it one event) and ``flicker`` (every 100
 steps, 5 batches at 50x scale: a recurring data shift, 200 episodes in 20,000 steps, which
@@ -78,14 +78,14 @@ def run(scenario: str, checkpoints: list[int], warmup: bool = True) -> list[dict
             dbg.record_loss(loss)
             opt.step()
             if step + 1 in checkpoints:
-                dbg._flush()  # what a query would do; pending transfers are part of the cost
+                events = dbg.events  # what a query does: every pending transfer is part of the cost
                 gc.collect()
                 cur, peak = tracemalloc.get_traced_memory()
                 rows.append({"scenario": scenario, "steps": step + 1, "traced_kib": round(cur / 1024, 1),
                              "traced_peak_kib": round(peak / 1024, 1), "rss_mib": round(rss_mib(), 1),
-                             "rss_growth_mib": round(rss_mib() - rss0, 1), "events": len(dbg._log),
-                             "event_count_sum": sum(e.count for e in dbg._log._events),
-                             "loss_points": len(dbg._loss.points), "pending": len(dbg._transfer.pending),
+                             "rss_growth_mib": round(rss_mib() - rss0, 1), "events": len(events),
+                             "event_count_sum": sum(e.count for e in events),
+                             "loss_points": len(dbg.trace().loss.history),
                              "seconds": round(time.perf_counter() - t0, 1)})
     tracemalloc.stop()
     return rows

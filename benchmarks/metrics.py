@@ -46,8 +46,8 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from neuraldbg.scoring import (LOG_LOSS_EPS, N_BINS, bin_index, brier, check_probs, ece, ece_null_band,
-                               log_loss, nll, normalize, ranking, top_label)
+from neuraldbg.scoring import (LOG_LOSS_EPS, N_BINS, bin_index, brier, check_probs, ece, ece_null_band, log_loss, nll,
+                               normalize, ranking, top_label)
 from neuraldbg.vocab import ABNORMAL_LABELS, HEALTHY, LABELS, ROOTS
 
 __all__ = [

@@ -162,7 +162,7 @@ def scaling(layer_counts: list[int], *, device: str, pairs: int, block: int, war
     """Per-layer cost of the monitor on :class:`Parallel` models of growing width (every=1)."""
     rows = []
     for n in layer_counts:
-        r = paired(lambda seed, dev: make_parallel(n, seed, dev), "sgd", 1, device=device, pairs=pairs,
+        r = paired(lambda seed, dev, n=n: make_parallel(n, seed, dev), "sgd", 1, device=device, pairs=pairs,
                    block=block, warmup=warmup, clock=clock)
         extra_us = (r["mon_ms"] - r["bare_ms"]) * 1e3
         rows.append({"layers": n, **r, "us_per_layer": extra_us / n})

@@ -154,7 +154,8 @@ def _plot_overhead(res: Mapping[str, Any], plt: Any) -> Any:
     fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(t) + 2), 4))
     x = np.arange(len(t))
     ax.bar(x, t["ratio_median"], color="tab:orange",
-           yerr=[(t["ratio_median"] - t["ratio_q25"]).clip(lower=0), (t["ratio_q75"] - t["ratio_median"]).clip(lower=0)],
+           yerr=[(t["ratio_median"] - t["ratio_q25"]).clip(lower=0),
+                 (t["ratio_q75"] - t["ratio_median"]).clip(lower=0)],
            capsize=3)
     ax.axhline(1.0, color="black", lw=1)
     ax.set_xticks(x, list(t.index), rotation=30, ha="right")

@@ -35,6 +35,7 @@ import pandas as pd
 from benchmarks import metrics as M
 from neuraldbg.causal.cpd import build_cpds
 from neuraldbg.causal.priors import load_priors
+from neuraldbg.causal.structure import default_network
 from neuraldbg.fit import (DEFAULT_ESS, DEFAULT_FOLDS, Prediction, Run, cross_validate, fit_cpds, hand_set_base,
                            load_runs, predict)
 
@@ -153,7 +154,7 @@ def loao_predictions(runs: Sequence[Run], ess: float = DEFAULT_ESS, temperatures
         if not test or not train:
             continue
         pri = hand_set_base(load_priors(test[0].family))
-        base = build_cpds(pri.roots, pri.cpds)
+        base = build_cpds(pri.roots, pri.cpds, default_network())
         fitted, _ = fit_cpds(train, base, ess=ess, engine="numpy")
         order += test
         hand.append(predict(base, test, pri.temperature))

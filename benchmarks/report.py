@@ -25,9 +25,9 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
+from benchmarks import side_by_side, verification
 from benchmarks.evaluation import (GOAL_FALSE_ALARM, GOAL_TOP1, GOAL_TOP1_ARCH, PREDICTORS, evaluate, fmt, goals,
                                    overhead_table, predictions, usable)
-from benchmarks import side_by_side, verification
 from benchmarks.metrics import is_missing
 from benchmarks.plots import PLOTS, plot_all, plot_suite_reliability
 from benchmarks.records import LEGACY_SUITE, load_records
@@ -101,8 +101,8 @@ def render(res: Mapping[str, Any], dir_: Path, images: Sequence[str], img_prefix
 def sections(res: Mapping[str, Any], images: Sequence[str], img_prefix: str = "", level: int = 2) -> list[str]:
     """One suite's sections (goals to plots) with ``level``-deep headings."""
     ov = res["overall"]
-    cols = ["n", "top1", "top3", "top1_injected", "top1_reported", "ece", "ece_null_lo", "ece_null_hi", "brier", "log_loss",
-            "false_alarm", "false_alarm_upper", "mean_confidence"]
+    cols = ["n", "top1", "top3", "top1_injected", "top1_reported", "ece", "ece_null_lo", "ece_null_hi", "brier",
+            "log_loss", "false_alarm", "false_alarm_upper", "mean_confidence"]
     arch = pd.DataFrame({n: t["top1"] for n, t in res["per_arch"].items()})
     arch.insert(0, "n", res["per_arch"]["bayes_net"]["n"])
     arch.insert(2, "bayes_net_top3", res["per_arch"]["bayes_net"]["top3"])
@@ -254,7 +254,8 @@ def write_report(dir_: str | Path | Sequence[str | Path], publish: str | Path | 
     head, head_images, sb = headline(dirs, out, null_draws, plots) if suites else ("", [], {})
     for name, r in results.items():
         if name != LEGACY_SUITE:
-            r["priors_why"] = "priors are fitted and checked on the zoo; this suite's held-out scores are the headline's"
+            r["priors_why"] = ("priors are fitted and checked on the zoo; this suite's held-out scores are the "
+                               "headline's")
         elif priors:
             # the zoo's held-out prior scores; the side-by-side section already computed them
             if sb.get("priors") is not None or len(names) == 1:

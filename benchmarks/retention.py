@@ -39,7 +39,9 @@ def _eco_reference(seed: int):
 
 def measure(suite: str, arch: str, injection: str, seed: int) -> dict[str, Any]:
     """One monitored run with its reference, verified; the row described in the module docstring."""
-    from neuraldbg.causal import api, signatures
+    from neuraldbg.causal import api
+    from neuraldbg.causal.nodes.causes import REFERENCE_FIRST, REFERENCE_TAIL, retention_fraction
+    from neuraldbg.causal.nodes.run import chance_loss
 
     monitor: dict[str, Any] = {"snapshots": True, "reference_every": EVERY}
     if suite == "zoo":
@@ -51,9 +53,9 @@ def measure(suite: str, arch: str, injection: str, seed: int) -> dict[str, Any]:
 
         r = eco.run(arch, injection, seed, monitor={**monitor, "reference": _eco_reference(seed)})
     trace = r.dbg.trace()
-    meta = dict(trace.meta)
-    first, tail = meta.get("reference_first"), meta.get("reference_tail")
-    frac = (signatures.retention_fraction(first, tail, signatures.chance_loss(trace))
+    sigs = trace.signatures
+    first, tail = sigs.number(REFERENCE_FIRST), sigs.number(REFERENCE_TAIL)
+    frac = (retention_fraction(first, tail, chance_loss(sigs))
             if first is not None and tail is not None else None)
     v = r.dbg.verify(r.replay)
     test = next((t for t in v.tests if t.label == "learning_rate/too_high"), None)

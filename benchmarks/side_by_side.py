@@ -33,6 +33,7 @@ from benchmarks.evaluation import PREDICTORS, fmt, usable
 from benchmarks.records import LEGACY_SUITE, load_records
 from neuraldbg.causal.cpd import build_cpds
 from neuraldbg.causal.priors import load_priors
+from neuraldbg.causal.structure import default_network
 from neuraldbg.fit import DEFAULT_FOLDS, TEMPERATURE_GRID, Prediction, Run, hand_set_base, load_runs, predict
 
 log = logging.getLogger("neuraldbg")
@@ -187,7 +188,7 @@ def rescore(runs: Sequence[Run], temperature: float | None, fitted: bool) -> Pre
         pri = load_priors(fam)
         pri = pri if fitted else hand_set_base(pri)
         t = pri.temperature if temperature is None else temperature
-        preds.append(predict(build_cpds(pri.roots, pri.cpds), [runs[i] for i in idx], t))
+        preds.append(predict(build_cpds(pri.roots, pri.cpds, default_network()), [runs[i] for i in idx], t))
         order += idx
     p = PE.concat_predictions(preds)
     inv = np.argsort(np.array(order, dtype=int))
@@ -286,7 +287,7 @@ _ROWS: tuple[tuple[str, Any], ...] = (
     ("false-alarm rate, Wilson 95%", lambda r: "n/a" if not r["healthy_n"] else
      f"{fmt(r['false_alarm'])} [{fmt(r['false_alarm_lo'])}, {fmt(r['false_alarm_hi'])}]"),
     (f"accuracy when top p >= {CONFIDENT} (answers)", lambda r: f"{fmt(r['confident_acc'])} ({int(r['confident_n'])})"),
-    *((f"baseline {b}: top-1", (lambda b: lambda r: fmt(r[f"{b}_top1"]))(b)) for b in BASELINES),
+    *((f"baseline {b}: top-1", lambda r, b=b: fmt(r[f"{b}_top1"])) for b in BASELINES),
 )
 
 

@@ -25,8 +25,8 @@ import pandas as pd
 
 from benchmarks import metrics as M
 from neuraldbg.causal.hypotheses import REPORT_FLOOR
-from neuraldbg.verify import fit as F
 from neuraldbg.verify import likelihoods as L
+from neuraldbg.verify import tune as F
 from neuraldbg.verify.outcome import OUTCOMES
 from neuraldbg.vocab import HEALTHY, LABELS
 

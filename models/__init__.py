@@ -15,6 +15,7 @@ docs/models.md explains each architecture, its task and why each injection maps 
 The registry (``Trainer``, ``ArchSpec``, shared helpers) is :mod:`models.registry`, the one
 runner :mod:`models.runner`, the failure injectors :mod:`models.injections`.
 """
+# ruff: noqa: I001  (importing an architecture file registers it: the import order is the listing order)
 from models.registry import (
     FAMILIES,
     ArchSpec,

@@ -15,8 +15,6 @@ from torch import nn
 from models.injections import GENERAL, LABEL_FAULTS, register_general
 from models.registry import ArchSpec, Trainer, register_arch, scale_weights
 
-SHAPES = ("square", "disc", "plus", "triangle")
-
 
 def make_shapes(
     n: int, size: int, gen: torch.Generator, noise: float = 0.0,

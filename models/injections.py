@@ -1,14 +1,10 @@
-"""Failure injectors with known ground truth, and their registry.
+"""The zoo's failure injectors with known ground truth, and their registry.
 
-An :class:`Injection` is a small frozen record: a ``name``, the ``archs`` it applies to,
-the ground-truth root cause ``truth`` as a ``(variable, abnormal state)`` pair of
-:data:`neuraldbg.vocab.ROOTS` (``None`` for ``healthy``), where it enters (``layer``), when
-(``onset``), what the run itself shows (``symptom``), and up to four hooks the trainers call:
-
-- ``config(cfg) -> cfg``        before anything is built (learning rate, init gain, depth);
-- ``model(model, cfg, trainer)`` after the model is built (e.g. install a faulty forward hook);
-- ``batch(batch, step, inj) -> batch`` on every batch drawn (``batch[0]`` is the model input);
-- ``optimizer(opt, step, inj)`` before every optimizer step.
+The record is :class:`neuraldbg.faults.Injection` (``models.Injection``), the fault vocabulary
+the zoo, the ecosystem suite, the built-in examples and the tests share: a ``name``, the
+``archs`` it applies to, the ground truth ``truth``, where (``layer``) and when (``onset``) it
+enters, what the run shows (``symptom``) and the hooks the trainers call (``config``,
+``model``, ``batch``, ``optimizer``).
 
 Registered injections are *unbound*: ``onset_frac`` and ``layer_of`` describe them for any
 arch. :meth:`Injection.bind` (done by :func:`injections` and by the runner) fixes ``arch``,
@@ -23,115 +19,13 @@ Each architecture's config says *how much* is "too high" or "too small" (``lr_hi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from dataclasses import replace
+from typing import Callable
 
 import torch
 
 from models.registry import ArchSpec, get_arch
-from neuraldbg.vocab import validate_truth
-
-#: Fraction of the run at which mid-run faults fire: NeuralDBG sees a healthy warm-up first.
-ONSET_FRAC = 0.4
-
-#: What a run can show, independent of NeuralDBG (see models.symptoms).
-SYMPTOMS = (
-    "none",  # healthy
-    "nonfinite",  # a NaN/inf loss at or after the onset
-    "diverges",  # loss explodes (or goes non-finite) relative to the healthy run
-    "jump",  # the loss jumps up at the onset and stays far above the healthy run
-    "stuck",  # the loss barely moves where the healthy run learns
-    "worse",  # learns clearly less than the healthy run
-    "forgetting",  # task-A loss rises far more than in the healthy fine-tune
-    "entropy_collapse",  # the policy's entropy collapses and the return does not improve
-    "attention_collapse",  # attention entropy near zero, loss worse than healthy
-)
-
-
-@dataclass(frozen=True)
-class Injection:
-    """A failure injector; see the module docstring for the hooks and binding."""
-
-    name: str
-    archs: tuple[str, ...]
-    truth: tuple[str, str] | None
-    description: str
-    symptom: str = "none"
-    why: str = ""  # why ``truth`` is the root cause (docs/models.md)
-    onset_frac: float | None = 0.0  # None: no fault; 0: from the start; else a fraction
-    layer_of: Callable[[ArchSpec], str | None] | str | None = None
-    config: Callable[[Any], Any] | None = None
-    model: Callable[[Any, Any, Any], None] | None = None
-    batch: Callable[[tuple, int, "Injection"], tuple] | None = None
-    optimizer: Callable[[Any, int, "Injection"], None] | None = None
-    one_shot: bool = False  # batch fault fires on one batch only (the first at/after onset)
-    # -- set by bind() --
-    arch: str | None = None
-    onset: int | None = None
-    layer: str | None = None
-    _state: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if self.truth is not None:
-            try:
-                validate_truth(self.truth)
-            except ValueError as exc:
-                raise ValueError(f"{self.name}: truth {self.truth!r} is not a fault ({exc})") from None
-        if self.symptom not in SYMPTOMS:
-            raise ValueError(f"{self.name}: unknown symptom {self.symptom!r}")
-
-    # -- binding ---------------------------------------------------------------------
-
-    def bind(self, spec: ArchSpec | str, steps: int | None = None) -> "Injection":
-        """A copy fixed to one arch and run length, with fresh one-shot state."""
-        spec = get_arch(spec) if isinstance(spec, str) else spec
-        if spec.name not in self.archs:
-            raise ValueError(f"injection {self.name!r} does not apply to {spec.name!r}")
-        steps = spec.config().steps if steps is None else steps
-        onset = None
-        if self.onset_frac is not None:
-            onset = min(steps - 1, int(round(self.onset_frac * steps)))
-        layer = self.layer_of(spec) if callable(self.layer_of) else self.layer_of
-        symptom = spec.symptoms.get(self.name, self.symptom)
-        return replace(self, arch=spec.name, onset=onset, layer=layer, symptom=symptom)
-
-    @property
-    def fired_step(self) -> int | None:
-        """The step a batch fault actually fired at (``None`` if none fired)."""
-        return self._state.get("fired")
-
-    # -- hooks the trainers call ---------------------------------------------------------
-
-    def active(self, step: int) -> bool:
-        """Whether the fault is in effect at ``step`` (from the onset on)."""
-        return self.onset is not None and step >= self.onset
-
-    def apply_config(self, cfg: Any) -> Any:
-        """The config with this fault applied."""
-        return self.config(cfg) if self.config else cfg
-
-    def apply_model(self, model: Any, cfg: Any, trainer: Any = None) -> None:
-        """Modify the freshly built model in place (init scaling, faulty hooks)."""
-        if self.model:
-            self.model(model, cfg, trainer)
-
-    def apply_batch(self, batch: tuple, step: int) -> tuple:
-        """The batch with this fault applied (``batch[0]`` is the model input)."""
-        if self.batch is None or not self.active(step):
-            return batch
-        if self.one_shot:
-            if "fired" in self._state:
-                return batch
-            self._state["fired"] = step
-        else:
-            self._state.setdefault("fired", step)
-        return self.batch(batch, step, self)
-
-    def apply_optimizer(self, optimizer: Any, step: int) -> None:
-        """Adjust the optimizer before its step (e.g. an LR change at the onset)."""
-        if self.optimizer:
-            self.optimizer(optimizer, step, self)
-
+from neuraldbg.faults import ONSET_FRAC, SYMPTOMS, Injection, corrupt_rows, rescale  # noqa: F401  (re-exported)
 
 # ----------------------------------------------------------------------------------------
 # the registry
@@ -210,17 +104,14 @@ def _corrupt_rows(value: float) -> Callable[[tuple, int, Injection], tuple]:
     """Batch hook: fill the first quarter of the input's samples with ``value``."""
 
     def hook(batch: tuple, step: int, inj: Injection) -> tuple:
-        x = batch[0].clone()
-        n = max(1, x.shape[0] // 4)
-        x[:n] = value
-        return (x, *batch[1:])
+        return (corrupt_rows(batch[0], value), *batch[1:])
 
     return hook
 
 
 def _scale_inputs(batch: tuple, step: int, inj: Injection) -> tuple:
     """Batch hook: inputs in different units from the onset on (x1000)."""
-    return (batch[0] * 1000.0, *batch[1:])
+    return (rescale(batch[0]), *batch[1:])
 
 
 HEALTHY = register_injection(Injection(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import nn
 
+from neuraldbg.faults import scale_weights  # noqa: F401  (the init faults' edit, shared with every suite)
 from neuraldbg.vocab import FAMILIES, validate_family
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -166,16 +167,6 @@ def default_config(arch: str, **overrides: Any) -> Any:
 
 # ----------------------------------------------------------------------------------------
 # small helpers the architecture files share
-
-
-def scale_weights(module: nn.Module, gain: float) -> None:
-    """Multiply every weight matrix/kernel (``dim >= 2``) by ``gain``: the init faults."""
-    if gain == 1.0:
-        return
-    with torch.no_grad():
-        for p in module.parameters():
-            if p.dim() >= 2:
-                p.mul_(gain)
 
 
 def config_fields(cfg: Any) -> dict[str, Any]:

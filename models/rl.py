@@ -152,8 +152,9 @@ class PPOTrainer(Trainer):
             for length in self.ep_len[done].tolist():
                 self.finished.append(length)
             self.ep_len[done] = 0
-            obs_l.append(self.obs); act_l.append(action); logp_l.append(logp)
-            val_l.append(value); rew_l.append(reward * cfg.reward_scale); done_l.append(done)
+            for buf, v in ((obs_l, self.obs), (act_l, action), (logp_l, logp), (val_l, value),
+                           (rew_l, reward * cfg.reward_scale), (done_l, done)):
+                buf.append(v)
             self.obs = next_obs
         rewards = torch.stack(rew_l)  # (horizon, n_envs)
         _, last_value = self.model(self.obs)

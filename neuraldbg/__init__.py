@@ -34,15 +34,15 @@ _LAZY: dict[str, str] = {
 
 __all__ = sorted(_LAZY) + ["EVENT_TYPES", "EVENT_KINDS", "FAILURE_TYPES", "__version__"]
 
-if TYPE_CHECKING:  # pragma: no cover - static names for type checkers and IDEs
-    from neuraldbg.causal.types import CausalChain, Coupling, Hypothesis
-    from neuraldbg.verify.types import Verification
-    from neuraldbg.config import DetectorConfig
-    from neuraldbg.distributed import merge_sessions
-    from neuraldbg.events.base import Event
-    from neuraldbg.events.registry import register_detector
-    from neuraldbg.monitor.monitor import NeuralDbg
-    from neuraldbg.session import Session, load_session, save_session
+if TYPE_CHECKING:  # pragma: no cover - static names for type checkers and IDEs (the lazy table's)
+    from neuraldbg.causal.types import CausalChain, Coupling, Hypothesis  # noqa: F401
+    from neuraldbg.config import DetectorConfig  # noqa: F401
+    from neuraldbg.distributed import merge_sessions  # noqa: F401
+    from neuraldbg.events.base import Event  # noqa: F401
+    from neuraldbg.events.registry import register_detector  # noqa: F401
+    from neuraldbg.monitor.monitor import NeuralDbg  # noqa: F401
+    from neuraldbg.session import Session, load_session, save_session  # noqa: F401
+    from neuraldbg.verify.types import Verification  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

@@ -1,7 +1,8 @@
 """The ``neuraldbg`` command line.
 
 ``main()`` only builds the top-level parser and dispatches: each subcommand registers its
-own parser with :func:`command` (``explain``, ``report`` and ``tune-priors``).
+own parser with :func:`command` (``explain``, ``report``, ``tune-priors`` and
+``tune-verification``).
 Errors in the user's input or environment (a missing or unreadable file, a bad session or
 prior file: ``OSError``, ``ValueError``) print one line on stderr, ``neuraldbg: error: ...``,
 and exit with status 1 (``--debug`` adds the traceback); usage errors exit with status 2
@@ -23,7 +24,10 @@ log = logging.getLogger("neuraldbg")
 COMMANDS: dict[str, Callable[[Any], argparse.ArgumentParser]] = {}
 
 
-def command(name: str) -> Callable[[Callable[[Any], argparse.ArgumentParser]], Callable[[Any], argparse.ArgumentParser]]:
+ParserFn = Callable[[Any], argparse.ArgumentParser]
+
+
+def command(name: str) -> Callable[[ParserFn], ParserFn]:
     """Register ``fn(subparsers) -> parser`` as subcommand ``name``; the parser must set
     ``func`` (via ``set_defaults``) to the callable that runs it and returns an exit code."""
     def deco(fn):
@@ -223,9 +227,11 @@ def _tune_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--runs", required=True, metavar="DIR", help="benchmark output directory")
     p.add_argument("--out", required=True, metavar="FILE", help="prior file to write (JSON)")
     p.add_argument("--ess", type=float, default=DEFAULT_ESS,
-                   help=f"equivalent sample size of the hand-set tables, per parent configuration (default {DEFAULT_ESS:g})")
+                   help=f"equivalent sample size of the hand-set tables, per parent configuration "
+                        f"(default {DEFAULT_ESS:g})")
     p.add_argument("--folds", type=int, default=DEFAULT_FOLDS,
-                   help=f"held-out folds, grouped by seed; 0 skips the check and the temperature (default {DEFAULT_FOLDS})")
+                   help=f"held-out folds, grouped by seed; 0 skips the check and the temperature "
+                        f"(default {DEFAULT_FOLDS})")
     p.add_argument("--base", metavar="FILE", default=None,
                    help="prior file to start from and shrink toward (default: the family's shipped file)")
     p.add_argument("--no-temperature", action="store_true", help="keep temperature 1 instead of fitting it")
@@ -274,6 +280,15 @@ def run_tune(args: argparse.Namespace) -> int:
         print("No held-out check (--folds 0 or too few runs).")
     print(f"Wrote {path}")
     return 0
+
+
+# ---- tune-verification --------------------------------------------------------------------
+
+@command("tune-verification")
+def _tune_verification_parser(sub: Any) -> argparse.ArgumentParser:
+    from neuraldbg.verify.tune import add_parser
+
+    return add_parser(sub)
 
 
 # ---- report -------------------------------------------------------------------------------

@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
+from neuraldbg.vocab import families_with
+
 
 @dataclass(frozen=True)
 class DetectorConfig:
@@ -81,7 +83,8 @@ class DetectorConfig:
     #: that learned and then levels off has converged, it is not stuck)
     plateau_max_progress: float = 0.1
     #: families whose objective is not minimized monotonically (adversarial / RL): no plateau
-    plateau_exempt_families: tuple[str, ...] = ("gan", "rl")
+    #: (the ``non_monotone`` trait of ``neuraldbg/vocab.py``)
+    plateau_exempt_families: tuple[str, ...] = field(default_factory=lambda: families_with("non_monotone"))
 
     # -- data anomaly ---------------------------------------------------------------------
     #: shift: input std ratio to the warm-up reference beyond this factor (either way)
@@ -107,8 +110,8 @@ class DetectorConfig:
             v = getattr(self, name)
             if not v > 0:
                 raise ValueError(f"DetectorConfig.{name} must be > 0, got {v!r}")
-        for name in ("dead_fraction", "saturated_fraction", "saturation_margin", "softmax_saturation_margin", "plateau_rel", "plateau_max_progress",
-                     "vanish_ratio"):
+        for name in ("dead_fraction", "saturated_fraction", "saturation_margin", "softmax_saturation_margin",
+                     "plateau_rel", "plateau_max_progress", "vanish_ratio"):
             v = getattr(self, name)
             if not 0 < v < 1:
                 raise ValueError(f"DetectorConfig.{name} must be in (0, 1), got {v!r}")

@@ -3,7 +3,9 @@
 Each rank of a ``DistributedDataParallel`` job runs its own ``NeuralDbg`` and exports its own
 session (events carry the rank). :func:`merge_sessions` joins them: an event that every
 rank saw at (nearly) the same step is one shared event (``rank`` None); anything else
-stays rank-local with its rank, so "NaN input on rank 1 at step 40" survives as such.
+stays rank-local with its rank, so "NaN input on rank 1 at step 40" survives as such. Each
+signature is merged over the ranks that measured it by the rule its declaration names
+(:func:`merge_signatures`).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from neuraldbg.events.base import DATA, Event
-from neuraldbg.trace import Trace
+from neuraldbg.trace import Signatures, Trace, merge_values
 
 
 def _as_trace(item: Any) -> tuple[Trace, dict]:
@@ -56,7 +58,7 @@ def merge_events(per_rank: dict[int, list[Event]], tolerance: int = 2) -> list[E
         for e in per_rank[r]:
             pools.setdefault((*e.key, *_origin(e)), {}).setdefault(r, []).append(dataclasses.replace(e, rank=r))
     out: list[Event] = []
-    for key, by_rank in pools.items():
+    for by_rank in pools.values():
         for r in by_rank:
             by_rank[r].sort(key=lambda e: e.step)
         base = ranks[0]
@@ -83,6 +85,24 @@ def merge_events(per_rank: dict[int, list[Event]], tolerance: int = 2) -> list[E
             out.extend(by_rank.get(r, []))  # episodes no other rank shared
     return sorted(out, key=lambda e: (e.step, e.end_step, e.type, e.kind, e.layer or "",
                                       -1 if e.rank is None else e.rank))
+
+
+def merge_signatures(per_rank: list[Signatures]) -> Signatures:
+    """The ranks' signatures (lowest rank first) merged, each by its declared rule (the lowest
+    rank's value, the min, max, median or sum over the ranks that measured it, or whether any
+    did); its step is the latest rank's (the merged value is known once every rank knew it)."""
+    from neuraldbg.causal.nodes import signature_table
+
+    table = signature_table()
+    names = sorted({n for s in per_rank for n in s.names()})
+    values, steps = {}, {}
+    for name in names:
+        sig = table[name]
+        have = [s for s in per_rank if sig in s]
+        values[name] = merge_values(sig, [s.value(sig) for s in have])
+        at = [s.step(sig) for s in have]
+        steps[name] = max(at) if all(a is not None for a in at) else None
+    return Signatures(values, steps)
 
 
 def merge_traces(traces: list[Trace], tolerance: int = 2) -> Trace:
@@ -113,12 +133,12 @@ def merge_traces(traces: list[Trace], tolerance: int = 2) -> Trace:
     # non-finite losses are counted on whichever rank saw most
     loss = dataclasses.replace(lead.loss, n_nonfinite=max(t.loss.n_nonfinite for t in traces),
                                first_nonfinite_step=min(nonfinite_steps) if nonfinite_steps else None)
-    meta = dict(lead.meta)
-    meta["merged_ranks"] = tuple(ranks)
+    from neuraldbg.causal.nodes.run import MERGED_RANKS
+
+    sigs = merge_signatures([t.signatures for t in traces]).updated({MERGED_RANKS: tuple(ranks)})
     return Trace(events=tuple(events), layers=lead.layers, family=lead.family,
                  first_step=min(t.first_step for t in traces), last_step=max(t.last_step for t in traces),
-                 loss=loss, rank=None, world_size=world_size,
-                 meta=tuple(sorted(meta.items())))
+                 loss=loss, rank=None, world_size=world_size, signatures=sigs)
 
 
 def merge_sessions(sessions: Iterable[Any], tolerance: int = 2):
@@ -127,7 +147,7 @@ def merge_sessions(sessions: Iterable[Any], tolerance: int = 2):
 
     Events that all ranks saw within ``tolerance`` steps are deduplicated (``rank`` None);
     rank-local events keep their rank. The result's ``rank`` is None and ``world_size`` the
-    job's; ``meta['merged_ranks']`` lists the ranks merged.
+    job's; its ``merged_ranks`` signature lists the ranks merged.
     """
     from neuraldbg.session import Session
 

@@ -3,33 +3,84 @@
 Each run is seconds on one CPU core and fully determined by its seed: data are generated
 in-process (a random teacher network labels Gaussian inputs), weights are initialized,
 nothing is downloaded. The model zoo (``models/``) has the full reference architectures;
-these are the smallest models that show each failure.
+these are the smallest models that show each failure. Each fault is a
+:class:`neuraldbg.faults.Injection` (the record the zoo and the benchmark use too), applied
+through its hooks.
 """
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from neuraldbg.faults import Injection, rescale
 from neuraldbg.monitor.monitor import NeuralDbg
 
-#: scenario -> (root cause variable, state) it injects; None for healthy
-SCENARIOS: dict[str, tuple[str, str] | None] = {
-    "healthy": None,
-    "lr_too_high": ("learning_rate", "too_high"),
-    "init_too_small": ("initialization", "too_small"),
-    "init_too_large": ("initialization", "too_large"),
-    "nan_batch": ("data", "corrupted"),
-    "input_shift": ("data", "shifted"),
-    "dead_relu": ("initialization", "too_small"),
-    "deep_sigmoid": ("architecture", "unstable"),
-}
 ARCHS = ("mlp", "cnn", "transformer")
 ONSET = 30  # step at which mid-run faults (NaN batch, input shift) start
+
+
+@dataclass(frozen=True)
+class ExampleConfig:
+    """What a fault may change before an example is built: its learning rate and depth."""
+
+    name: str
+    lr: float
+    deep: bool = False
+
+
+def _scale_parameters(gain: float) -> Callable[[nn.Module, Any, Any], None]:
+    """Model hook: every parameter (biases too) times ``gain``."""
+    def hook(model: nn.Module, cfg: Any, trainer: Any) -> None:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(gain)
+    return hook
+
+
+def _dead_first_layer(model: nn.Module, cfg: Any, trainer: Any) -> None:
+    """Model hook: the first layer's bias at -10, so its ReLU units never fire."""
+    first = next(m for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d)))
+    with torch.no_grad():
+        first.bias.fill_(-10.0)
+
+
+def _nan_entry(batch: tuple, step: int, inj: Injection) -> tuple:
+    """Batch hook: one NaN in the first sample's input."""
+    x = batch[0].clone()
+    x[0].view(-1)[0] = float("nan")
+    return (x, *batch[1:])
+
+
+def _shifted(batch: tuple, step: int, inj: Injection) -> tuple:
+    """Batch hook: inputs in other units (x1000)."""
+    return (rescale(batch[0]), *batch[1:])
+
+
+#: the examples' faults, by scenario name (``healthy`` first)
+INJECTIONS: dict[str, Injection] = {inj.name: inj for inj in (
+    Injection("healthy", ARCHS, None, "no fault", onset_frac=None),
+    Injection("lr_too_high", ARCHS, ("learning_rate", "too_high"), "learning rate x1000", symptom="diverges",
+              config=lambda c: replace(c, lr=c.lr * 1000.0)),
+    Injection("init_too_small", ARCHS, ("initialization", "too_small"), "every parameter x1e-3", symptom="stuck",
+              model=_scale_parameters(1e-3)),
+    Injection("init_too_large", ARCHS, ("initialization", "too_large"), "every parameter x30", symptom="diverges",
+              model=_scale_parameters(30.0)),
+    Injection("nan_batch", ARCHS, ("data", "corrupted"), "one NaN input entry at the onset", symptom="nonfinite",
+              onset_frac=0.25, batch=_nan_entry, one_shot=True),
+    Injection("input_shift", ARCHS, ("data", "shifted"), "inputs x1000 from the onset on", symptom="jump",
+              onset_frac=0.25, batch=_shifted),
+    Injection("dead_relu", ARCHS, ("initialization", "too_small"), "first layer's bias at -10: dead ReLUs",
+              symptom="stuck", model=_dead_first_layer),
+    Injection("deep_sigmoid", ARCHS, ("architecture", "unstable"), "a deep sigmoid stack", symptom="stuck",
+              config=lambda c: replace(c, deep=True)),
+)}
+#: scenario -> (root cause variable, state) it injects; None for healthy
+SCENARIOS: dict[str, tuple[str, str] | None] = {name: inj.truth for name, inj in INJECTIONS.items()}
 
 
 class TinyTransformer(nn.Module):
@@ -53,16 +104,17 @@ class TinyTransformer(nn.Module):
 
 def build_model(arch: str, scenario: str = "healthy") -> nn.Module:
     """The tiny model of ``arch`` with the architectural part of ``scenario`` applied."""
+    deep = INJECTIONS[scenario].apply_config(ExampleConfig(arch, 0.0)).deep if scenario in INJECTIONS else False
     if arch == "mlp":
-        if scenario == "deep_sigmoid":
+        if deep:
             layers: list[nn.Module] = [nn.Linear(16, 32), nn.Sigmoid()]
             for _ in range(18):
                 layers += [nn.Linear(32, 32), nn.Sigmoid()]
             return nn.Sequential(*layers, nn.Linear(32, 4))
         return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
     if arch == "cnn":
-        act: Callable[[], nn.Module] = nn.Sigmoid if scenario == "deep_sigmoid" else nn.ReLU
-        depth = 10 if scenario == "deep_sigmoid" else 2
+        act: Callable[[], nn.Module] = nn.Sigmoid if deep else nn.ReLU
+        depth = 10 if deep else 2
         layers = [nn.Conv2d(1, 8, 3, padding=1), act()]
         for _ in range(depth - 1):
             layers += [nn.Conv2d(8, 8, 3, padding=1), act()]
@@ -99,25 +151,16 @@ def train_example(arch: str = "mlp", scenario: str = "healthy", seed: int = 0, s
         raise ValueError(f"unknown scenario {scenario!r}; valid: {', '.join(SCENARIOS)}")
     if arch not in ARCHS:
         raise ValueError(f"unknown example arch {arch!r}; valid: {', '.join(ARCHS)}")
+    inj = INJECTIONS[scenario].bind(ExampleConfig(arch, 0.0), steps, onset=ONSET)
+    cfg = inj.apply_config(ExampleConfig(arch, lr if lr is not None else {"mlp": 0.05, "cnn": 0.05,
+                                                                          "transformer": 0.01}[arch]))
     torch.manual_seed(seed)
     model = build_model(arch, scenario)
-    with torch.no_grad():
-        if scenario == "init_too_small":
-            for p in model.parameters():
-                p.mul_(1e-3)
-        elif scenario == "init_too_large":
-            for p in model.parameters():
-                p.mul_(30.0)
-        elif scenario == "dead_relu":
-            first = next(m for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d)))
-            first.bias.fill_(-10.0)
+    inj.apply_model(model, cfg)
     gen = torch.Generator().manual_seed(seed + 1)
     shape = _input_shape(arch, batch)
     teacher = torch.randn(16, 4, generator=gen)
-    base_lr = lr if lr is not None else {"mlp": 0.05, "cnn": 0.05, "transformer": 0.01}[arch]
-    if scenario == "lr_too_high":
-        base_lr *= 1000.0
-    opt = torch.optim.SGD(model.parameters(), lr=base_lr, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
     kwargs = {} if monitor is True else dict(monitor) if isinstance(monitor, dict) else None
     dbg = NeuralDbg(model, optimizer=opt, **kwargs) if kwargs is not None else None
     losses: list[float] = []
@@ -125,11 +168,7 @@ def train_example(arch: str = "mlp", scenario: str = "healthy", seed: int = 0, s
     with ctx:
         for step in range(steps):
             x = torch.randn(*shape, generator=gen)
-            y = _labels(arch, x, teacher)
-            if scenario == "nan_batch" and step == ONSET:
-                x[0].view(-1)[0] = float("nan")
-            if scenario == "input_shift" and step >= ONSET:
-                x = x * 1000.0
+            x, y = inj.apply_batch((x, _labels(arch, x, teacher)), step)
             opt.zero_grad()
             loss = F.cross_entropy(model(x), y)
             loss.backward()

@@ -19,13 +19,14 @@ from neuraldbg.events.compress import compress
 from neuraldbg.jsonio import encode_nonfinite, write_json_atomic
 from neuraldbg.queries import CausalQueries
 from neuraldbg.schema import SESSION_SCHEMA, SessionFormatError, check_session, read_json
-from neuraldbg.trace import LayerInfo, LossSummary, Trace
+from neuraldbg.trace import LayerInfo, LossSummary, Signatures, Trace
 
 log = logging.getLogger("neuraldbg")
 
 SCHEMA = SESSION_SCHEMA
-#: Version written; version 1 files (priors named by path) are still read, see load_session.
-SCHEMA_VERSION = 2
+#: Version written; versions 1 (priors named by path) and 2 (signatures as ``meta``) are still
+#: read, see load_session.
+SCHEMA_VERSION = 3
 _EMBEDDED = " (embedded)"
 #: fingerprint -> (embedded content as read, validated Priors): sessions of one run share them
 _embedded_cache: dict[str, tuple[Any, Any]] = {}
@@ -72,19 +73,29 @@ def trace_to_dict(trace: Trace, *, config: dict | None = None, priors: Any = Non
                  "history": [list(p) for p in trace.loss.history]},
         "config": config or {},
         "priors": None,  # below: already JSON-ready, and the bulk of the document
-        "meta": {k: (list(v) if isinstance(v, tuple) else v) for k, v in trace.meta},
+        "signatures": signatures_to_dict(trace.signatures),
     })
     doc["priors"] = priors_block(priors, trace.family)
     return doc
+
+
+def signatures_to_dict(sigs: Signatures) -> dict[str, dict]:
+    """The ``signatures`` field of a session: ``{name: {"value": v, "step": s}}``."""
+    steps = sigs.steps()
+    return {k: {"value": list(v) if isinstance(v, tuple) else v, "step": steps.get(k)} for k, v in sigs.items()}
 
 
 def trace_from_dict(doc: Any, source: str = "<dict>") -> tuple[Trace, dict]:
     """Inverse of :func:`trace_to_dict`: the trace and the checked, normalized document.
 
     Raises :class:`~neuraldbg.schema.SessionFormatError` (a ``ValueError``) naming ``source``
-    and the field for a foreign, broken or out-of-range document.
+    and the field for a foreign, broken or out-of-range document, an undeclared signature
+    included.
     """
-    d = check_session(doc, source)
+    from neuraldbg.causal.nodes import RENAMED, check_signature
+
+    d = check_session(doc, source, signature=check_signature, renamed=RENAMED)
+    sigs = d["signatures"]
     lo = d["loss"]
     trace = Trace(events=tuple(Event.from_dict(e) for e in d["events"]),
                   layers=tuple(LayerInfo(**l) for l in d["model"]["layers"]), family=d["family"],
@@ -93,19 +104,8 @@ def trace_from_dict(doc: Any, source: str = "<dict>") -> tuple[Trace, dict]:
                                    n_nonfinite=lo["n_nonfinite"], first_nonfinite_step=lo["first_nonfinite_step"],
                                    history=tuple(lo["history"])),
                   rank=d["rank"], world_size=d["world_size"],
-                  meta=tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in d["meta"].items())))
+                  signatures=Signatures({k: v for k, (v, _) in sigs.items()}, {k: s for k, (_, s) in sigs.items()}))
     return trace, d
-
-
-def _outdated_cpd(err: Exception, content: Any) -> str | None:
-    """The node whose embedded table has other parents or states than this version's
-    network declares (a structure change since the session was written), else None."""
-    field = getattr(err, "field", None) or ""
-    parts = field.split(".")
-    if len(parts) == 5 and parts[:3] == ["priors", "content", "cpds"] and parts[4] in ("parents", "states"):
-        cpds = content.get("cpds") if isinstance(content, dict) else None
-        return parts[3] if isinstance(cpds, dict) and parts[3] in cpds else None
-    return None
 
 
 def embedded_priors(doc: dict, source: str = "<dict>") -> Any:
@@ -113,9 +113,11 @@ def embedded_priors(doc: dict, source: str = "<dict>") -> Any:
 
     A version-1 session names a prior *path*; it is never followed (a session must answer the
     same on every machine): a warning is logged and the shipped priors of its family are used.
-    ``load_session(path, priors=...)`` or ``neuraldbg explain --priors`` override.
+    ``load_session(path, priors=...)`` or ``neuraldbg explain --priors`` override. Priors written
+    for another network (another fingerprint) are fitted to this one: its outdated tables are
+    replaced by this version's hand-set ones, with a warning naming them.
     """
-    from neuraldbg.causal.priors import validate
+    from neuraldbg.causal.priors import for_network, validate
 
     block = doc.get("priors")
     if block is None:
@@ -131,20 +133,11 @@ def embedded_priors(doc: dict, source: str = "<dict>") -> Any:
     hit = _embedded_cache.get(block["fingerprint"])
     if hit is not None and hit[0] == text:
         return dataclasses.replace(hit[1], source=block["source"] + _EMBEDDED)
-    content, dropped = block["content"], []
-    while True:
-        try:
-            pri = validate(content, source=source, error=SessionFormatError, prefix="priors.content")
-            break
-        except SessionFormatError as e:
-            node = _outdated_cpd(e, content)
-            if node is None:
-                raise
-            content = {**content, "cpds": {k: v for k, v in content["cpds"].items() if k != node}}
-            dropped.append(node)
-    if dropped:  # written for an older network: its other tables still hold
-        log.warning("neuraldbg: %s embeds priors written for another version of the network; the tables of %s "
-                    "no longer fit it and are replaced by this version's defaults", source, ", ".join(dropped))
+    content, replaced = for_network(block["content"])
+    pri = validate(content, source=source, error=SessionFormatError, prefix="priors.content")
+    if replaced:  # written for another network: its other tables still hold
+        log.warning("neuraldbg: %s embeds priors written for another version of the network; %s no longer fit "
+                    "it and are replaced by this version's defaults", source, ", ".join(replaced))
         return dataclasses.replace(pri, source=block["source"] + _EMBEDDED)
     if pri.fingerprint != block["fingerprint"]:
         raise SessionFormatError(f"{source}: priors.fingerprint: {block['fingerprint']} does not match the "

@@ -2,13 +2,202 @@
 
 A :class:`Trace` is built by :class:`neuraldbg.NeuralDbg` (live) or read back from an export
 (:func:`neuraldbg.load_session`); the causal queries only ever see a ``Trace``.
+
+Besides events, a trace carries the run's *signatures*: numbers measured directly (the weight
+scale on entry, the step size over the first checked steps, a reference loss...), each under a
+declared :class:`Signature` that says its type and range, when it is measured and how the
+ranks of a distributed run merge it. Every signature is declared once, next to the evidence
+node that reads it (``neuraldbg/causal/nodes/``; ``docs/architecture.md``); readers name it by
+its declaration, never by a string, so a misspelt name is an error, not an unobserved variable.
 """
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable, Iterator, Mapping
 
 from neuraldbg.events.base import Event
+
+#: value kinds of a signature: a number, an integer, a text (or null), lists of numbers / integers
+KINDS = ("number", "integer", "text", "numbers", "integers")
+#: when a signature is measured: on entry (before the first update), over a window of the first
+#: checked steps, or over the whole run (known only at its end)
+WHEN = ("entry", "window", "run")
+#: how the ranks of a distributed run merge a signature: the lowest rank's value, the smallest,
+#: the largest, the median or the sum over ranks, or 1 when any rank has a non-zero value
+MERGES = ("lead", "min", "max", "median", "sum", "any")
+
+
+@dataclass(frozen=True)
+class Signature:
+    """The declaration of one measured quantity a trace may carry."""
+
+    name: str
+    kind: str
+    when: str
+    merge: str
+    doc: str
+    lo: float = -math.inf
+    hi: float = math.inf
+
+    def __post_init__(self) -> None:
+        for what, value, valid in (("kind", self.kind, KINDS), ("when", self.when, WHEN),
+                                   ("merge", self.merge, MERGES)):
+            if value not in valid:
+                raise ValueError(f"signature {self.name}: {what} {value!r} is not valid; valid: {', '.join(valid)}")
+        if self.merge not in ("lead",) and self.kind in ("text", "numbers", "integers"):
+            raise ValueError(f"signature {self.name}: a {self.kind} merges only as 'lead'")
+
+    def check(self, value: Any) -> Any:
+        """``value`` normalized (lists to tuples, integers as ``int``); ``ValueError`` naming the
+        signature and what is valid otherwise."""
+        if self.kind == "text":
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"signature {self.name} must be a text or None, got {value!r}")
+            return value
+        if self.kind in ("numbers", "integers"):
+            if not isinstance(value, (list, tuple)):
+                raise ValueError(f"signature {self.name} must be a list of {self.kind}, got {value!r}")
+            return tuple(self._scalar(x, self.kind == "integers") for x in value)
+        return self._scalar(value, self.kind == "integer")
+
+    def _scalar(self, x: Any, integer: bool) -> float | int:
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise ValueError(f"signature {self.name} must hold {'integers' if integer else 'numbers'}, got {x!r}")
+        if integer:
+            if isinstance(x, float) and not x.is_integer():
+                raise ValueError(f"signature {self.name} must hold integers, got {x!r}")
+            x = int(x)
+        if math.isfinite(x) and not self.lo <= x <= self.hi:
+            raise ValueError(f"signature {self.name} = {x!r} is out of range; valid: {self.lo} to {self.hi}")
+        return x if integer else float(x)
+
+
+class Signatures:
+    """The signatures of one trace: a frozen, declared mapping read by declaration.
+
+    ``values`` maps a :class:`Signature` (or its name, for the table-checked readers of files)
+    to its value, ``steps`` to the step by which it was measured (``None``: its ``when`` decides,
+    see :meth:`known_by`). Reads take the declaration itself, so a typo cannot silently read
+    nothing. Building one does not check the values against the table: the monitor, the
+    session reader and the merge do that (:func:`neuraldbg.causal.nodes.check_signatures`).
+    """
+
+    __slots__ = ("_values", "_steps")
+
+    def __init__(self, values: Mapping[Any, Any] | Iterable[tuple[Any, Any]] = (),
+                 steps: Mapping[Any, int | None] | None = None) -> None:
+        items = values.items() if isinstance(values, Mapping) else values
+        self._values: dict[str, Any] = {_name(k): (tuple(v) if isinstance(v, list) else v) for k, v in items}
+        self._steps: dict[str, int] = {_name(k): int(s) for k, s in (steps or {}).items()
+                                       if s is not None and _name(k) in self._values}
+
+    # ---- reading ---------------------------------------------------------------------
+    def value(self, sig: Signature, default: Any = None) -> Any:
+        """The value of ``sig`` (``default`` when the run did not measure it)."""
+        return self._values.get(_declared(sig), default)
+
+    def number(self, sig: Signature) -> float | None:
+        """The value of ``sig`` as a finite float, else ``None`` (unmeasured, or not finite)."""
+        v = self._values.get(_declared(sig))
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            return None
+        return float(v)
+
+    def step(self, sig: Signature) -> int | None:
+        """The step by which ``sig`` was measured, when recorded."""
+        return self._steps.get(_declared(sig))
+
+    def __contains__(self, sig: object) -> bool:
+        return isinstance(sig, Signature) and sig.name in self._values
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __bool__(self) -> bool:
+        return bool(self._values)
+
+    def names(self) -> Iterator[str]:
+        """The measured names, sorted."""
+        return iter(sorted(self._values))
+
+    def items(self) -> list[tuple[str, Any]]:
+        """``(name, value)`` pairs, sorted by name (what files and displays read)."""
+        return sorted(self._values.items())
+
+    def steps(self) -> dict[str, int]:
+        """The recorded measurement steps, by name."""
+        return dict(self._steps)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A plain ``{name: value}`` copy (lists as tuples), for display."""
+        return dict(self.items())
+
+    # ---- deriving ----------------------------------------------------------------------
+    def known_by(self, step: int, table: Mapping[str, Signature], first: int, last: int) -> "Signatures":
+        """The signatures a live monitor had at ``step`` of a run observed over ``[first, last]``:
+        each one measured by then. Without a recorded step, an ``entry`` signature is known from
+        ``first``, a ``window`` or ``run`` one only at ``last`` (never earlier than it could be)."""
+        keep, steps = {}, {}
+        for name, v in self._values.items():
+            at = self._steps.get(name)
+            if at is None:
+                at = first if table[name].when == "entry" else last
+            if at <= step:
+                keep[name], steps[name] = v, at
+        return Signatures(keep, steps)
+
+    def updated(self, values: Mapping[Any, Any], steps: Mapping[Any, int | None] | None = None) -> "Signatures":
+        """A copy with ``values`` (and their steps) set."""
+        merged = dict(self._values)
+        merged.update((_name(k), v) for k, v in values.items())
+        all_steps: dict[Any, int | None] = {**self._steps, **{_name(k): s for k, s in (steps or {}).items()}}
+        return Signatures(merged, all_steps)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Signatures) and self._values == other._values and self._steps == other._steps
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.items()))
+
+    def __repr__(self) -> str:
+        return f"Signatures({self.as_dict()!r})"
+
+
+def _name(key: Any) -> str:
+    if isinstance(key, Signature):
+        return key.name
+    if isinstance(key, str):
+        return key
+    raise TypeError(f"a signature is named by its declaration (or name), got {type(key).__name__}")
+
+
+def _declared(sig: Any) -> str:
+    if not isinstance(sig, Signature):
+        raise TypeError(f"signatures are read by their declaration (a neuraldbg.trace.Signature), not "
+                        f"{type(sig).__name__} {sig!r}: a misspelt name must not read as 'not measured'")
+    return sig.name
+
+
+def merge_values(sig: Signature, values: list[Any]) -> Any:
+    """The ranks' ``values`` of ``sig`` (lowest rank first) merged by its declared rule."""
+    if sig.merge == "lead" or len(values) == 1:
+        return values[0]
+    nums = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not nums:
+        return values[0]
+    if sig.merge == "min":
+        out = min(nums)
+    elif sig.merge == "max":
+        out = max(nums)
+    elif sig.merge == "median":
+        out = statistics.median(nums)
+    elif sig.merge == "sum":
+        out = math.fsum(nums)
+    else:  # any
+        out = 1.0 if any(nums) else 0.0
+    return int(round(out)) if sig.kind == "integer" else out
 
 
 @dataclass(frozen=True)
@@ -39,7 +228,8 @@ class Trace:
     """Events plus the context needed to interpret them.
 
     ``layers`` is in forward execution order (first call), so index 0 is the input side.
-    ``first_step``/``last_step`` bound the observed steps.
+    ``first_step``/``last_step`` bound the observed steps; ``signatures`` holds the measured
+    signatures (see :class:`Signatures`).
     """
 
     events: tuple[Event, ...]
@@ -50,7 +240,7 @@ class Trace:
     loss: LossSummary = field(default_factory=LossSummary)
     rank: int | None = None
     world_size: int | None = None
-    meta: tuple[tuple[str, Any], ...] = ()
+    signatures: Signatures = field(default_factory=Signatures)
 
     @property
     def n_steps(self) -> int:

@@ -28,6 +28,30 @@ FAMILIES: tuple[str, ...] = ("mlp", "cnn", "transformer", "gan", "lora", "diffus
 #: Family used when neither a family nor a prior path is given.
 DEFAULT_FAMILY = "mlp"
 
+#: What the diagnosis must know about how a family trains, one table for every reader:
+#: ``non_monotone`` -- the objective is not minimized monotonically (a two-player game, an RL
+#: return): a plateau, slow progress or a return to chance level mean nothing there;
+#: ``alternating`` -- the first step already holds an optimizer update (a GAN steps its
+#: discriminator before the generator's backward), so "at the first step" is not "before any
+#: update". Families not listed have no trait.
+FAMILY_TRAITS: dict[str, frozenset[str]] = {
+    "gan": frozenset({"non_monotone", "alternating"}),
+    "rl": frozenset({"non_monotone"}),
+}
+TRAITS: tuple[str, ...] = ("non_monotone", "alternating")
+
+
+def has_trait(family: str, trait: str) -> bool:
+    """Whether ``family`` has ``trait`` (:data:`FAMILY_TRAITS`); ``ValueError`` for an unknown trait."""
+    if trait not in TRAITS:
+        raise ValueError(f"unknown family trait {trait!r}; valid: {', '.join(TRAITS)}")
+    return trait in FAMILY_TRAITS.get(family, frozenset())
+
+
+def families_with(trait: str) -> tuple[str, ...]:
+    """The families that have ``trait``, in :data:`FAMILIES` order."""
+    return tuple(f for f in FAMILIES if has_trait(f, trait))
+
 #: Event types.
 GRADIENT = "gradient_health_transition"
 ACTIVATION = "activation_regime_shift"

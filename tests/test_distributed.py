@@ -86,7 +86,7 @@ def test_nan_input_on_one_rank_is_kept_with_that_rank(runs):
     assert first.measured["at_input"] == 1.0
     # rank 0 only gets NaN weights through the gradient all-reduce: born inside, a step later
     assert all(e.rank == 0 and e.measured["at_input"] == 0.0 for e in data[1:])
-    assert merged.trace().meta and dict(merged.trace().meta)["merged_ranks"] == (0, 1)
+    assert merged.trace().signatures.as_dict()["merged_ranks"] == (0, 1)
     top = merged.get_causal_hypotheses()[0]
     assert (top.cause, top.state, top.onset_step) == ("data", "corrupted", NAN_STEP)
     onset = [e for e in top.evidence if e.step == top.onset_step and e.type == DATA]
@@ -142,3 +142,23 @@ def test_merge_sessions_rejects_bad_input(runs):
         merge_sessions([runs["healthy"][0], runs["healthy"][0]])
     with pytest.raises(TypeError, match="expects session paths"):
         merge_sessions([42])
+
+
+def test_the_merge_keeps_every_ranks_signatures_by_their_declared_rule():
+    """Regression: the merge kept the lead rank's signatures only, so a reference loss or a
+    step size measured on rank 1 alone was lost, and rank 0's values stood for the job."""
+    from neuraldbg.distributed import merge_traces
+    from neuraldbg.trace import LayerInfo
+    from tests.tiny import make_trace
+
+    layers = (LayerInfo("fc", "Linear", 0, 10),)
+    r0 = make_trace([], layers, [1.0] * 20, sigs={"every": 1, "step_ratio_median": 0.01, "step_ratio_max": 0.02,
+                                                  "lr_peak": 0.1}, rank=0, world_size=2)
+    r1 = make_trace([], layers, [1.0] * 20, sigs={"every": 1, "step_ratio_median": 0.03, "step_ratio_max": 0.09,
+                                                  "lr_peak": 0.1, "reference_first": 0.9, "reference_tail": 1.1,
+                                                  "reference_n": 8}, rank=1, world_size=2)
+    sigs = merge_traces([r0, r1]).signatures.as_dict()
+    assert sigs["step_ratio_median"] == pytest.approx(0.02)      # median over the ranks
+    assert sigs["step_ratio_max"] == 0.09                        # the fastest rank
+    assert sigs["reference_tail"] == 1.1 and sigs["reference_n"] == 8  # only rank 1 measured it
+    assert sigs["every"] == 1 and sigs["merged_ranks"] == (0, 1)

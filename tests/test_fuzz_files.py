@@ -19,7 +19,8 @@ import tempfile
 import time
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from neuraldbg import cli, load_session
 from neuraldbg.causal import api
@@ -27,6 +28,7 @@ from neuraldbg.causal.priors import load_priors
 from neuraldbg.events.base import ACTIVATION, DATA, FAILURE_TYPES, GRADIENT, OPTIMIZER, make_event
 from neuraldbg.session import export_trace
 from neuraldbg.trace import LayerInfo, LossSummary, Trace
+from tests.tiny import signatures
 
 EXAMPLES = int(os.environ.get("NEURALDBG_FUZZ_EXAMPLES", "200"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
@@ -36,7 +38,7 @@ DEEP = "\u0000deep\u0000"
 
 
 def rich_trace() -> Trace:
-    """A trace with an event of every type, a non-finite loss and every meta field."""
+    """A trace with an event of every type, a non-finite loss and signatures of every kind."""
     layers = (LayerInfo("embed", "Embedding", 0, 640), LayerInfo("fc1", "Linear", 1, 2080),
               LayerInfo("act", "Tanh", 2, 0), LayerInfo("fc2", "Linear", 3, 130))
     ev = (make_event(DATA, "shift", "embed", 10, 25.0, {"scale_ratio": 982.0, "at_input": 1.0}, end_step=40),
@@ -49,11 +51,11 @@ def rich_trace() -> Trace:
     losses = [2.0 * 0.97 ** i for i in range(40)] + [float("nan")] * 10
     loss = LossSummary(n=50, first=2.0, last=float("nan"), min=min(losses[:40]), n_nonfinite=10,
                        first_nonfinite_step=40, history=tuple(enumerate(losses)))
-    meta = (("every", 1), ("init_scale_log10", 0.1), ("init_scale_n", 3.0), ("lr", (0.1, float("nan"))),
-            ("lr_peak", 0.1), ("optimizer", "SGD"), ("out_features", 10.0), ("step_ratio_max", 0.02),
-            ("step_ratio_peak", 0.01), ("step_ratio_steps", 16.0))
+    sigs = signatures({"every": 1, "init_scale_log10": 0.1, "init_scale_n": 3, "lr": (0.1, float("nan")),
+                       "lr_peak": 0.1, "optimizer": "SGD", "out_features": 10, "step_ratio_max": 0.02,
+                       "step_ratio_median": 0.01, "step_ratio_steps": 16}, steps={"step_ratio_median": 15})
     return Trace(events=ev, layers=layers, family="transformer", first_step=0, last_step=49, loss=loss,
-                 rank=1, world_size=2, meta=meta)
+                 rank=1, world_size=2, signatures=sigs)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from neuraldbg.events.base import GRADIENT, OPTIMIZER, Event
 from neuraldbg.schema import MAX_DEPTH, SchemaError, SessionFormatError, check_session, too_deep
 from neuraldbg.session import export_trace
 from neuraldbg.trace import LayerInfo, LossSummary, Trace
+from tests.tiny import signatures
 
 
 def trace():
@@ -19,7 +20,7 @@ def trace():
     return Trace(events=ev, layers=(LayerInfo("fc1", "Linear", 0, 10), LayerInfo("fc2", "Linear", 1, 5)),
                  family="mlp", first_step=0, last_step=20,
                  loss=LossSummary(n=21, first=2.0, last=0.5, min=0.5, history=((0, 2.0), (20, 0.5))),
-                 meta=(("every", 1), ("lr", (0.1,))))
+                 signatures=signatures({"every": 1, "lr": (0.1,)}))
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ def load_mutated(tmp_path, doc, mutate):
 # each defect the issue found: a raw AttributeError/OverflowError/TypeError, or a silent truncation
 @pytest.mark.parametrize("mutate,field,message", [
     (lambda d: d.update(loss=[1.0]), "loss", "expected an object, got an array"),
-    (lambda d: d.update(meta=[1]), "meta", "expected an object, got an array"),
+    (lambda d: d.update(signatures=[1]), "signatures", "expected an object, got an array"),
     (lambda d: d["events"][0].update(count="inf"), "events[0].count", "expected an integer"),
     (lambda d: d["loss"].update(n_nonfinite="inf"), "loss.n_nonfinite", "expected an integer"),
     (lambda d: d["events"][1].update(layer=["fc1"]), "events[1].layer", "expected a string or null"),
@@ -58,9 +59,13 @@ def load_mutated(tmp_path, doc, mutate):
     (lambda d: d["model"]["layers"][0].update(n_params=-1), "model.layers[0].n_params", "out of range"),
     (lambda d: d["loss"].update(min="nan"), "loss.min", "expected a finite number"),
     (lambda d: d["loss"]["history"].append([3, 1.0, 2.0]), "loss.history[2]", "array of 2 items"),
-    (lambda d: d["meta"].update(every=0), "meta.every", "out of range"),
-    (lambda d: d["meta"].update(lr=[{"a": 1}]), "meta.lr[0]", "expected a number"),
-    (lambda d: d["meta"].update(custom={"a": 1}), "meta.custom", "expected a number"),
+    (lambda d: d["signatures"].update(every={"value": 0}), "signatures.every", "out of range"),
+    (lambda d: d["signatures"].update(lr={"value": [{"a": 1}]}), "signatures.lr[0]", "expected a number"),
+    (lambda d: d["signatures"].update(lr={"value": 0.1}), "signatures.lr", "must be a list of numbers"),
+    (lambda d: d["signatures"].update(every=1), "signatures.every", "expected an object"),
+    (lambda d: d["signatures"].update(every={"value": 1, "step": 0.5}), "signatures.every.step",
+     "expected an integer"),
+    (lambda d: d["signatures"].update(custom={"value": 1.0}), "signatures.custom", "undeclared signature 'custom'"),
     (lambda d: d.update(family="vit"), "family", "valid: mlp, cnn"),
     (lambda d: d.update(rank=-1), "rank", "out of range"),
     (lambda d: d.update(extra=1), "", "unknown field 'extra'"),

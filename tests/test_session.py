@@ -1,7 +1,8 @@
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from neuraldbg import load_session
 from neuraldbg.events.base import ACTIVATION, DATA, GRADIENT, OPTIMIZER, Event
@@ -36,7 +37,7 @@ def test_export_then_load_gives_equal_events(tmp_path_factory, events):
 def test_file_is_strict_json_and_versioned(tmp_path):
     p = export_trace(trace_of([]), tmp_path / "a.json")
     doc = json.loads(open(p).read())  # strict JSON: NaN is encoded as a string
-    assert doc["schema"] == "neuraldbg.session" and doc["version"] == 2
+    assert doc["schema"] == "neuraldbg.session" and doc["version"] == 3
     assert not list(tmp_path.glob(".*tmp"))  # no temp file left behind
 
 
@@ -105,6 +106,7 @@ def test_a_version_1_session_naming_a_prior_path_never_opens_it(tmp_path, caplog
     p = export_trace(trace_of([]), tmp_path / "s.json")
     doc = json.loads(open(p).read())
     doc["version"], doc["priors"] = 1, str(_tuned(tmp_path))
+    doc["meta"] = {k: v["value"] for k, v in doc.pop("signatures").items()}  # where versions 1-2 kept them
     (tmp_path / "v1.json").write_text(json.dumps(doc))
     opened = []
     real_open = open
@@ -121,6 +123,25 @@ def test_a_version_1_session_naming_a_prior_path_never_opens_it(tmp_path, caplog
     assert str(tmp_path / "tuned.json") not in opened
     assert "is not opened; using the shipped mlp priors" in caplog.text
     assert s.priors.source == "mlp.json"
+
+
+def test_a_version_2_session_reads_its_meta_as_declared_signatures(tmp_path):
+    """Versions 1-2 kept the signatures in a flat ``meta`` object, the step size under its old
+    name ``step_ratio_peak``; they read as the declared signatures (without their steps)."""
+    p = export_trace(trace_of([]), tmp_path / "s.json")
+    doc = json.loads(open(p).read())
+    doc["version"] = 2
+    doc.pop("signatures")
+    doc["meta"] = {"every": 1, "optimizer": "SGD", "lr": [0.1], "step_ratio_peak": 0.3, "init_scale_log10": 0.02}
+    (tmp_path / "v2.json").write_text(json.dumps(doc))
+    sigs = load_session(tmp_path / "v2.json").trace().signatures
+    assert sigs.as_dict() == {"every": 1, "optimizer": "SGD", "lr": (0.1,), "step_ratio_median": 0.3,
+                              "init_scale_log10": 0.02}
+    assert sigs.steps() == {}
+    doc["meta"]["step_ratio_peek"] = 1.0  # an undeclared name is refused, naming the field
+    (tmp_path / "typo.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="meta.step_ratio_peek: undeclared signature"):
+        load_session(tmp_path / "typo.json")
 
 
 def test_edited_embedded_priors_are_refused(tmp_path):
@@ -171,13 +192,15 @@ def test_a_session_from_an_older_network_loads_with_the_tables_that_still_fit(tm
     cpds = doc["priors"]["content"]["cpds"]
     assert "saturation" in cpds and "init_scale" in cpds
     cpds["saturation"]["parents"] = ["data", "instability", "signal_decay"]  # the older network
+    doc["priors"]["content"]["network"] = "0" * 40  # ... whose fingerprint the file records
     (tmp_path / "old.json").write_text(json.dumps(doc))
     with caplog.at_level("WARNING", logger="neuraldbg"):
         s = load_session(tmp_path / "old.json")
         s.posterior()
-    assert "the tables of saturation no longer fit it" in caplog.text
+    assert "the table of saturation no longer fit it" in caplog.text
     assert "saturation" not in s.priors.cpds and "init_scale" in s.priors.cpds
-    # a table that is wrong in another way is still refused
+    # a table that is wrong in another way is still refused (as is one that differs under the
+    # current network's own fingerprint)
     cpds["saturation"]["parents"] = sorted(cpds["saturation"]["parents"] + ["initialization"])
     cpds["init_scale"]["values"][0][0] = 7.0
     (tmp_path / "bad.json").write_text(json.dumps(doc))

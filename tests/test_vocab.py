@@ -8,11 +8,12 @@ from neuraldbg import vocab
 
 
 def test_the_network_uses_the_vocabulary():
-    from neuraldbg.causal import structure
+    from neuraldbg.causal.structure import default_network
 
-    assert structure.ROOTS is vocab.ROOTS and structure.ROOT_NAMES == vocab.ROOT_NAMES
+    net = default_network()
+    assert net.roots is vocab.ROOTS and net.root_names == vocab.ROOT_NAMES
     for var, states in vocab.ROOTS.items():
-        assert structure.states_of(var) == states and states[0] == "ok"
+        assert net.states_of(var) == states and states[0] == "ok"
 
 
 def test_the_zoo_uses_the_vocabulary():

@@ -28,10 +28,8 @@ import torch
 
 from benchmarks.ecosystem import diffusion, graph, hf, lora, plain
 from benchmarks.ecosystem.injections import FAULTS, Fault, Injection, bind, faults_of
-from benchmarks.ecosystem.training import (
-    CLIP_NORM, Build, EcoArch, accumulation_of, adamw, precision_of,
-    torch_scheduler, warmup_steps,
-)
+from benchmarks.ecosystem.training import (CLIP_NORM, Build, EcoArch, accumulation_of, adamw, precision_of,
+                                           torch_scheduler, warmup_steps)
 
 logger = logging.getLogger("neuraldbg.benchmarks.ecosystem")
 
@@ -124,8 +122,8 @@ def run(arch: str, injection: Any = "healthy", seed: int = 0, steps: int | None 
     temporarily sets torch's intra-op threads. ``wall_time`` is the training loop only.
     """
     from models import RunResult
-    from models.registry import scale_weights
     from models.runner import make_monitor, scoped
+    from neuraldbg.faults import scale_weights
 
     spec = get_arch(arch)
     fault = _fault(spec, injection)

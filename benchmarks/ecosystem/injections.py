@@ -1,9 +1,11 @@
 """The ecosystem suite's faults, written against the libraries' public APIs only.
 
-A :class:`Fault` says what goes wrong and where it applies; :func:`bind` turns it into the
-public :class:`Injection` record of one arch (``name``, ``truth``, ``onset``, ``layer``),
-mirroring ``models.Injection``. Config faults (learning rate, init, depth) act from step 0;
-data faults from ``ONSET_FRAC`` of the run, so the monitor first sees healthy training.
+A :class:`Fault` says what goes wrong, how the ecosystem's training applies it and where it
+applies; :func:`bind` turns it into the shared fault record of one arch,
+:class:`neuraldbg.faults.Injection` (``models.Injection``: ``name``, ``truth``, ``onset``,
+``layer``, ``symptom``). Config faults (learning rate, init, depth) act from step 0; data
+faults from ``ONSET_FRAC`` of the run, so the monitor first sees healthy training. The edits
+themselves (corrupting, rescaling) are the shared ones of ``neuraldbg/faults.py``.
 
 ``layer``: the first module the faulty data reaches (input faults), the first weight layer
 (init faults), the first block of the deep stack; ``None`` for learning rates and for
@@ -28,24 +30,7 @@ from typing import Callable
 import torch
 
 from benchmarks.ecosystem.training import Batch, EcoArch, Task
-
-#: Fraction of the run after which the mid-run data faults act (as the zoo's ONSET_FRAC).
-ONSET_FRAC = 0.4
-#: Share of float input entries a non-finite batch carries.
-CORRUPT_FRAC = 0.25
-#: Factor of the rescaled inputs.
-RESCALE = 1000.0
-
-
-@dataclass(frozen=True)
-class Injection:
-    """One arch's fault: its ground truth and where and when it takes effect."""
-
-    name: str
-    truth: tuple[str, str] | None
-    onset: int | None
-    layer: str | None
-    description: str = ""
+from neuraldbg.faults import ONSET_FRAC, RESCALE, Injection, corrupt_entries, rescale  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -55,6 +40,7 @@ class Fault:
     name: str
     truth: tuple[str, str] | None
     description: str
+    symptom: str = "none"  # what the run shows (neuraldbg.faults.SYMPTOMS)
     applies: Callable[[EcoArch], bool] = lambda a: True
     layer_of: Callable[[EcoArch], str | None] = lambda a: None
     onset_frac: float | None = 0.0  # None: healthy, 0: config fault, else a data fault
@@ -64,31 +50,19 @@ class Fault:
     batch: Callable[[Batch, Task, torch.Generator], Batch] | None = None
     one_shot: bool = False  # the batch fault hits one batch only
 
-    def onset(self, steps: int) -> int | None:
-        """The optimizer step the fault takes effect in a run of ``steps``."""
-        if self.onset_frac is None:
-            return None
-        return min(steps - 1, int(round(self.onset_frac * steps)))
-
 
 # ----------------------------------------------------------------------------------------
 # batch faults: each returns a new dict and never writes into the generator's tensors
-
-
-def _mask(shape, gen: torch.Generator, frac: float = CORRUPT_FRAC) -> torch.Tensor:
-    return torch.rand(shape, generator=gen) < frac
 
 
 def _nonfinite(value: float):
     def corrupt(bt: Batch, task: Task, gen: torch.Generator) -> Batch:
         bt = dict(bt)
         if task.float_input:
-            x = bt[task.float_input]
-            bt[task.float_input] = x.masked_fill(_mask(x.shape, gen), value)
+            bt[task.float_input] = corrupt_entries(bt[task.float_input], value, gen)
         else:
             # token ids cannot hold NaN: embed them as the model would, then corrupt
-            emb = task.embed(bt.pop(task.token_key))
-            bt["inputs_embeds"] = emb.masked_fill(_mask(emb.shape, gen), value)
+            bt["inputs_embeds"] = corrupt_entries(task.embed(bt.pop(task.token_key)), value, gen)
         return bt
 
     return corrupt
@@ -113,7 +87,7 @@ def _shuffle_labels(bt: Batch, task: Task, gen: torch.Generator) -> Batch:
 def _rescale(bt: Batch, task: Task, gen: torch.Generator) -> Batch:
     bt = dict(bt)
     if task.float_input:
-        bt[task.float_input] = bt[task.float_input] * RESCALE
+        bt[task.float_input] = rescale(bt[task.float_input])
         return bt
     # a fixed remap of the vocabulary (token 0, the [CLS]/BOS, kept): a new "domain"
     perm = torch.cat([torch.zeros(1, dtype=torch.long),
@@ -135,34 +109,37 @@ def _init(a: EcoArch) -> str | None:
 FAULTS: dict[str, Fault] = {f.name: f for f in [
     Fault("healthy", None, "no fault: the recipe as is", onset_frac=None),
     Fault("lr_x100", ("learning_rate", "too_high"), "base learning rate x100, schedule kept",
-          lr_factor=100.0),
+          lr_factor=100.0, symptom="diverges"),
     Fault("lr_div1e4", ("learning_rate", "too_low"), "base learning rate / 10^4, schedule kept",
-          lr_factor=1e-4),
+          lr_factor=1e-4, symptom="stuck"),
     Fault("weights_x100", ("initialization", "too_large"),
           "every weight matrix (dim >= 2, embeddings too) x100 after construction",
-          layer_of=_init, gain=100.0),
+          layer_of=_init, gain=100.0, symptom="diverges"),
     Fault("weights_x1e-3", ("initialization", "too_small"),
           "every weight matrix (dim >= 2, embeddings too) x1e-3 after construction",
-          layer_of=_init, gain=1e-3),
+          layer_of=_init, gain=1e-3, symptom="stuck"),
     Fault("nan_input", ("data", "corrupted"),
           "one batch with NaN in a quarter of the float inputs (after the embedding for tokens)",
-          layer_of=_input, onset_frac=ONSET_FRAC, batch=_nonfinite(float("nan")), one_shot=True),
+          layer_of=_input, onset_frac=ONSET_FRAC, batch=_nonfinite(float("nan")), one_shot=True,
+          symptom="nonfinite"),
     Fault("inf_input", ("data", "corrupted"),
           "one batch with +inf in a quarter of the float inputs (after the embedding for tokens)",
-          layer_of=_input, onset_frac=ONSET_FRAC, batch=_nonfinite(float("inf")), one_shot=True),
+          layer_of=_input, onset_frac=ONSET_FRAC, batch=_nonfinite(float("inf")), one_shot=True,
+          symptom="nonfinite"),
     Fault("nan_target", ("data", "corrupted"), "one batch with a NaN in its regression target",
           applies=lambda a: a.target == "float", onset_frac=ONSET_FRAC, batch=_nan_target,
-          one_shot=True),
+          one_shot=True, symptom="nonfinite"),
     Fault("labels_shuffled", ("data", "corrupted"),
           "labels permuted within every batch from the onset on",
           applies=lambda a: a.target in ("labels", "tokens"),
-          onset_frac=ONSET_FRAC, batch=_shuffle_labels),
+          onset_frac=ONSET_FRAC, batch=_shuffle_labels, symptom="jump"),
     Fault("inputs_rescaled", ("data", "shifted"),
           "from the onset on, float inputs x1000 (token models: a fixed vocabulary remap)",
-          layer_of=_input, onset_frac=ONSET_FRAC, batch=_rescale),
+          layer_of=_input, onset_frac=ONSET_FRAC, batch=_rescale, symptom="jump"),
     Fault("deep_unnormalized", ("architecture", "unstable"),
           "a 16-block variant with every normalization layer replaced by nn.Identity",
-          applies=lambda a: a.deep_layer is not None, layer_of=lambda a: a.deep_layer, deep=True),
+          applies=lambda a: a.deep_layer is not None, layer_of=lambda a: a.deep_layer, deep=True,
+          symptom="stuck"),
 ]}
 
 
@@ -172,6 +149,7 @@ def faults_of(arch: EcoArch) -> list[Fault]:
 
 
 def bind(fault: Fault, arch: EcoArch, steps: int) -> Injection:
-    """The public record of ``fault`` on ``arch`` for a run of ``steps``."""
-    return Injection(fault.name, fault.truth, fault.onset(steps), fault.layer_of(arch),
-                     fault.description)
+    """The shared record of ``fault`` on ``arch`` for a run of ``steps``."""
+    inj = Injection(fault.name, (arch.name,), fault.truth, fault.description, symptom=fault.symptom,
+                    onset_frac=fault.onset_frac, layer_of=fault.layer_of, one_shot=fault.one_shot)
+    return inj.bind(arch, steps)

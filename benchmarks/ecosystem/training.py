@@ -127,7 +127,7 @@ def strip_norms(model: nn.Module) -> int:
     Returns how many were replaced, so builders can check they did remove something.
     """
     targets = []
-    for parent_name, parent in model.named_modules():
+    for _, parent in model.named_modules():
         for name, child in parent.named_children():
             if isinstance(child, NORM_TYPES) or type(child).__name__ in NORM_NAMES:
                 targets.append((parent, name))

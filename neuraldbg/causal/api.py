@@ -18,10 +18,11 @@ from neuraldbg.causal import hypotheses as _hyp
 from neuraldbg.causal.compiled import CompiledNetwork
 from neuraldbg.causal.couplings import couplings as _couplings
 from neuraldbg.causal.cpd import build_cpds
-from neuraldbg.causal.types import CausalChain, Coupling, Hypothesis, Posterior
-from neuraldbg.vocab import validate_failure_type
 from neuraldbg.causal.priors import Priors, load_priors
+from neuraldbg.causal.structure import default_network
+from neuraldbg.causal.types import CausalChain, Coupling, Hypothesis, Posterior
 from neuraldbg.trace import Trace
+from neuraldbg.vocab import validate_failure_type
 
 log = logging.getLogger("neuraldbg")
 
@@ -51,8 +52,9 @@ def compiled(priors: Priors) -> CompiledNetwork:
         with _lock:
             net = _compiled.get(priors.fingerprint)
             if net is None:
-                cpds = build_cpds(priors.roots, priors.cpds)
-                net = CompiledNetwork(cpds, temperature=priors.temperature, source=priors.source)
+                network = default_network()
+                cpds = build_cpds(priors.roots, priors.cpds, network)
+                net = CompiledNetwork(cpds, network, temperature=priors.temperature, source=priors.source)
                 _compiled[priors.fingerprint] = net
                 log.debug("compiled causal network for %s (%d hidden states)", priors.source, net.n_hidden)
     return net
@@ -63,7 +65,7 @@ def _setup(trace: Trace, priors: Any) -> tuple[CompiledNetwork, _evidence.Eviden
         raise TypeError(f"expected a neuraldbg.trace.Trace, got {type(trace).__name__}")
     pri = resolve_priors(trace, priors)
     net = compiled(pri)
-    ev = _evidence.extract(trace)
+    ev = _evidence.extract(trace, net.network)
     marg, p_ok = net.posterior(ev.observed)
     post = Posterior(marg, p_ok, evidence=ev.observed, source=pri.source)
     return net, ev, post
@@ -111,9 +113,3 @@ def couplings(trace: Trace) -> list[Coupling]:
         raise TypeError(f"expected a neuraldbg.trace.Trace, got {type(trace).__name__}")
     return _couplings(trace)
 
-
-def clear_cache() -> None:
-    """Forget compiled networks (tests; after editing a prior file in place, the loader
-    already notices the new modification time)."""
-    with _lock:
-        _compiled.clear()

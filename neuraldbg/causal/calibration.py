@@ -20,7 +20,7 @@ import numpy as np
 
 from neuraldbg.causal.compiled import CompiledNetwork
 from neuraldbg.causal.cpd import Cpd, build_cpds
-from neuraldbg.causal.structure import EVIDENCE_NAMES, LATENT_NAMES, ROOT_NAMES
+from neuraldbg.causal.structure import Network
 from neuraldbg.scoring import ece
 
 
@@ -34,9 +34,9 @@ class NaiveNetwork:
         np.add.at(self.root_prior, net.root_joint, np.exp(net.log_prior))
         self.log_root_prior = np.log(self.root_prior)
         self.log_tables = [np.concatenate([np.log(net.root_likelihood[e]), np.zeros((net.n_root_joint, 1))], axis=1)
-                           for e in EVIDENCE_NAMES]
+                           for e in net.network.evidence_names]
         cards = net.root_cards
-        self.index = dict(zip(ROOT_NAMES, np.indices(cards).reshape(len(cards), -1)))
+        self.index = dict(zip(net.network.root_names, np.indices(cards).reshape(len(cards), -1)))
 
     def posterior_batch(self, codes: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Root marginals and P(healthy) for encoded cases (same interface as the latent net)."""
@@ -49,15 +49,15 @@ class NaiveNetwork:
         p = np.exp(ll)
         p /= p.sum(axis=1, keepdims=True)
         marg = {v: np.stack([p[:, self.index[v] == s].sum(axis=1) for s in range(len(self.net.states[v]))], axis=1)
-                for v in ROOT_NAMES}
+                for v in self.net.network.root_names}
         return marg, p[:, 0]  # root joint index 0 is all-ok
 
 
-def sample(cpds: dict[str, Cpd], n: int, seed: int = 0) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Ancestral samples of the network: ``({root: state index (n,)}, evidence codes (n, E))``."""
+def sample(cpds: dict[str, Cpd], network: Network, n: int, seed: int = 0) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Ancestral samples of ``network``: ``({root: state index (n,)}, evidence codes (n, E))``."""
     rng = np.random.default_rng(seed)
     vals: dict[str, np.ndarray] = {}
-    order = list(ROOT_NAMES) + list(LATENT_NAMES) + list(EVIDENCE_NAMES)
+    order = network.all_variables()
     for v in order:
         cpd = cpds[v]
         table = cpd.values[(slice(None),) + tuple(vals[p] for p in cpd.parents)] if cpd.parents \
@@ -65,8 +65,8 @@ def sample(cpds: dict[str, Cpd], n: int, seed: int = 0) -> tuple[dict[str, np.nd
         cum = np.cumsum(table, axis=0)
         u = rng.random(n)
         vals[v] = np.minimum((u[None, :] > cum).sum(axis=0), len(cpd.states) - 1)
-    codes = np.stack([vals[e] for e in EVIDENCE_NAMES], axis=1)
-    return {v: vals[v] for v in ROOT_NAMES}, codes
+    codes = np.stack([vals[e] for e in network.evidence_names], axis=1)
+    return {v: vals[v] for v in network.root_names}, codes
 
 
 def _ece(p: np.ndarray, y: np.ndarray) -> float:
@@ -93,7 +93,7 @@ def score(marg: dict[str, np.ndarray], p_ok: np.ndarray, truth: dict[str, np.nda
     """Score posteriors against the sampled truth."""
     ll, br, wrong = [], [], np.zeros(len(p_ok), dtype=bool)
     pooled_p, pooled_y = [], []
-    for v in ROOT_NAMES:
+    for v in truth:
         m, t = marg[v], truth[v]
         pt = np.clip(m[np.arange(len(t)), t], 1e-300, 1)
         ll.append(-np.log(pt).mean())
@@ -102,7 +102,7 @@ def score(marg: dict[str, np.ndarray], p_ok: np.ndarray, truth: dict[str, np.nda
         wrong |= (m.max(axis=1) >= 0.99) & (m.argmax(axis=1) != t)
         pooled_p.append(m[:, 1:].ravel())
         pooled_y.append(onehot[:, 1:].ravel())
-    healthy = np.all([truth[v] == 0 for v in ROOT_NAMES], axis=0).astype(float)
+    healthy = np.all([t == 0 for t in truth.values()], axis=0).astype(float)
     return Scores(float(np.mean(ll)), float(np.mean(br)), _ece(p_ok, healthy),
                   _ece(np.concatenate(pooled_p), np.concatenate(pooled_y)), float(wrong.mean()))
 
@@ -117,11 +117,11 @@ def experiment(priors: Any = None, n: int = 20000, seed: int = 0, abnormal_only:
     from neuraldbg.causal.api import compiled, resolve_priors
 
     pri = resolve_priors(priors=priors, family=None if priors is not None else "mlp")
-    cpds = build_cpds(pri.roots, pri.cpds)
     net = compiled(pri)
-    truth, codes = sample(cpds, n, seed)
+    cpds = build_cpds(pri.roots, pri.cpds, net.network)
+    truth, codes = sample(cpds, net.network, n, seed)
     if abnormal_only:
-        keep = ~np.all([truth[v] == 0 for v in ROOT_NAMES], axis=0)
+        keep = ~np.all([t == 0 for t in truth.values()], axis=0)
         truth = {v: t[keep] for v, t in truth.items()}
         codes = codes[keep]
     out = {}

@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from neuraldbg.causal.cpd import Cpd
-from neuraldbg.causal.structure import EVIDENCE_NAMES, LATENT_NAMES, ROOT_NAMES, states_of
+from neuraldbg.causal.structure import Network
 
 
 class ImpossibleEvidence(ValueError):
@@ -22,16 +22,17 @@ class ImpossibleEvidence(ValueError):
 
 
 class CompiledNetwork:
-    """The network's CPDs as enumeration tables. Immutable after construction."""
+    """A network's CPDs as enumeration tables. Immutable after construction."""
 
-    def __init__(self, cpds: Mapping[str, Cpd], temperature: float = 1.0, source: str = "") -> None:
+    def __init__(self, cpds: Mapping[str, Cpd], network: Network, temperature: float = 1.0, source: str = "") -> None:
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature!r}")
+        self.network = network
         self.temperature = float(temperature)
         self.source = source
-        self.hidden = ROOT_NAMES + LATENT_NAMES
-        self.evidence_names = EVIDENCE_NAMES
-        self.states = {v: states_of(v) for v in self.hidden + EVIDENCE_NAMES}
+        roots, latents, evidence = network.root_names, network.latent_names, network.evidence_names
+        self.hidden = roots + latents
+        self.states = {v: network.states_of(v) for v in self.hidden + evidence}
         cards = [len(self.states[v]) for v in self.hidden]
         grid = np.indices(cards).reshape(len(cards), -1)
         self.n_hidden = grid.shape[1]
@@ -42,41 +43,42 @@ class CompiledNetwork:
 
         with np.errstate(divide="ignore"):
             root_prior = np.zeros(self.n_hidden)
-            for v in ROOT_NAMES:
+            for v in roots:
                 root_prior += np.log(cpds[v].values[self.index[v]])
             latent = np.zeros(self.n_hidden)
-            for v in LATENT_NAMES:
+            for v in latents:
                 latent += np.log(column(cpds[v])[self.index[v], np.arange(self.n_hidden)])
             self.log_prior = root_prior + latent
             # (H, card + 1): the extra zero column stands for "unobserved"
             self.log_tables = [
                 np.concatenate([np.log(column(cpds[e]).T), np.zeros((self.n_hidden, 1))], axis=1)
-                for e in EVIDENCE_NAMES
+                for e in evidence
             ]
         # row-major copies for batches: one gather of whole rows per evidence variable
         self._tables_by_state = [np.ascontiguousarray(t.T) for t in self.log_tables]
-        self._onehot = {v: np.eye(len(self.states[v]))[self.index[v]] for v in ROOT_NAMES}  # (H, card)
-        self.evidence_pos = {e: i for i, e in enumerate(EVIDENCE_NAMES)}
+        self._onehot = {v: np.eye(len(self.states[v]))[self.index[v]] for v in roots}  # (H, card)
+        self.evidence_pos = {e: i for i, e in enumerate(evidence)}
         self.state_pos = {v: {s: i for i, s in enumerate(self.states[v])} for v in self.states}
         # root joint index of every hidden state (0..53) and the all-ok mask
-        root_cards = [len(self.states[v]) for v in ROOT_NAMES]
-        self.root_joint = np.ravel_multi_index([self.index[v] for v in ROOT_NAMES], root_cards)
+        root_cards = [len(self.states[v]) for v in roots]
+        self.root_joint = np.ravel_multi_index([self.index[v] for v in roots], root_cards)
         self.n_root_joint = int(np.prod(root_cards))
-        self.healthy_mask = np.all([self.index[v] == 0 for v in ROOT_NAMES], axis=0)
+        self.healthy_mask = np.all([self.index[v] == 0 for v in roots], axis=0)
         # P(e = s | root joint), latents summed out: for attributing evidence to hypotheses
         w = np.exp(latent)
         self.root_likelihood = {}
-        for e, table in zip(EVIDENCE_NAMES, self.log_tables):
+        for e, table in zip(evidence, self.log_tables):
             p = np.exp(table[:, :-1]) * w[:, None]
             m = np.stack([np.bincount(self.root_joint, weights=p[:, s], minlength=self.n_root_joint)
                           for s in range(p.shape[1])], axis=1)
             self.root_likelihood[e] = m
         self.root_cards = root_cards
+        self._root_names = roots
 
     # ---- encoding ----------------------------------------------------------------------
     def _check(self, name: str, state: str) -> int:
         if name not in self.evidence_pos:
-            raise ValueError(f"unknown evidence variable {name!r}; valid: {', '.join(EVIDENCE_NAMES)}")
+            raise ValueError(f"unknown evidence variable {name!r}; valid: {', '.join(self.evidence_pos)}")
         pos = self.state_pos[name].get(state)
         if pos is None:
             raise ValueError(f"unknown state {state!r} of {name}; valid: {', '.join(self.states[name])}")
@@ -84,7 +86,7 @@ class CompiledNetwork:
 
     def encode(self, evidence: Mapping[str, str]) -> np.ndarray:
         """Evidence dict (single states) -> state-index vector, ``-1`` = unobserved."""
-        vec = np.full(len(EVIDENCE_NAMES), -1, dtype=np.intp)
+        vec = np.full(len(self.evidence_pos), -1, dtype=np.intp)
         for name, state in evidence.items():
             if not isinstance(state, str):
                 raise ValueError(f"encode() takes single states; {name} = {state!r} is a set "
@@ -94,7 +96,7 @@ class CompiledNetwork:
 
     def root_joint_index(self, assignment: Mapping[str, str]) -> int:
         """Index (0..53) of a full root assignment; missing roots default to ``ok``."""
-        idx = [self.state_pos[v][assignment.get(v, "ok")] for v in ROOT_NAMES]
+        idx = [self.state_pos[v][assignment.get(v, "ok")] for v in self._root_names]
         return int(np.ravel_multi_index(idx, self.root_cards))
 
     # ---- inference ---------------------------------------------------------------------
@@ -120,7 +122,7 @@ class CompiledNetwork:
         ll = np.zeros(self.n_hidden)
         for name, state in evidence.items():
             if name not in self.evidence_pos:
-                raise ValueError(f"unknown evidence variable {name!r}; valid: {', '.join(EVIDENCE_NAMES)}")
+                raise ValueError(f"unknown evidence variable {name!r}; valid: {', '.join(self.evidence_pos)}")
             table = self.log_tables[self.evidence_pos[name]]
             if isinstance(state, str):
                 ll += table[:, self._check(name, state)]
@@ -160,13 +162,13 @@ class CompiledNetwork:
     def marginals(self, p: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Root marginals ``{var: (N, card)}`` and ``P(healthy)`` ``(N,)`` of hidden-state
         posteriors ``p`` ``(N, H)``."""
-        return {v: p @ self._onehot[v] for v in ROOT_NAMES}, p @ self.healthy_mask.astype(float)
+        return {v: p @ self._onehot[v] for v in self._root_names}, p @ self.healthy_mask.astype(float)
 
     def posterior(self, evidence: Mapping[str, str | Sequence[str]]) -> tuple[dict[str, dict[str, float]], float]:
         """Root marginals ``{var: {state: p}}`` and ``P(healthy)`` for one evidence dict."""
         p = self._normalize(self.log_joint_one(evidence))
         marg = {}
-        for v in ROOT_NAMES:
+        for v in self._root_names:
             probs = np.bincount(self.index[v], weights=p, minlength=len(self.states[v]))
             marg[v] = {s: float(x) for s, x in zip(self.states[v], probs)}
         return marg, float(p[self.healthy_mask].sum())
@@ -192,4 +194,4 @@ class CompiledNetwork:
     def cases(self, evidence_list: Sequence[Mapping[str, str]]) -> np.ndarray:
         """Encode many evidence dicts into an ``(N, n_evidence)`` code matrix."""
         return np.stack([self.encode(e) for e in evidence_list]) if evidence_list else \
-            np.empty((0, len(EVIDENCE_NAMES)), dtype=np.intp)
+            np.empty((0, len(self.evidence_pos)), dtype=np.intp)

@@ -14,9 +14,9 @@ when one of its events spans that bin in that layer. For two kinds ``a`` and ``b
   ``co_occurrences`` land next to ``b``.
 
 A coupling is reported when the lift is at least ``MIN_LIFT``, at least ``MIN_CO`` cells
-co-occur and the tail probability is at most ``MAX_P``, so two kinds that are everywhere (or merely close in time somewhere) are not
-"coupled". ``lag`` is the median, over the layers where they meet, of ``b``'s onset minus
-``a``'s onset (``a`` is the kind that starts first overall).
+co-occur and the tail probability is at most ``MAX_P``, so two kinds that are everywhere (or
+merely close in time somewhere) are not "coupled". ``lag`` is the median, over the layers where
+they meet, of ``b``'s onset minus ``a``'s onset (``a`` is the kind that starts first overall).
 """
 from __future__ import annotations
 

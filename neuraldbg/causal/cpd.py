@@ -1,4 +1,4 @@
-"""CPD tables as numpy arrays, built from the declaration in :mod:`.structure`.
+"""CPD tables as numpy arrays, built from a :class:`~.structure.Network`'s declarations.
 
 Every table has shape ``(child_card, *parent_cards)`` with parents in sorted order; reshaped
 to 2-d in C order it is exactly pgmpy's ``TabularCPD`` layout (rows are child states,
@@ -13,7 +13,7 @@ from typing import Mapping
 
 import numpy as np
 
-from neuraldbg.causal.structure import NODES, ROOTS, NoisyMax, Table, states_of
+from neuraldbg.causal.structure import Network, NoisyMax, Table
 
 #: Largest tolerated deviation of a CPD column sum from 1 (pgmpy's own check allows 0.01).
 STRICT_TOL = 1e-9
@@ -34,7 +34,7 @@ class Cpd:
         return self.values.reshape(len(self.states), -1)
 
 
-def noisy_max_values(node: NoisyMax) -> np.ndarray:
+def noisy_max_values(node: NoisyMax, network: Network) -> np.ndarray:
     """Table of a leaky noisy-MAX node.
 
     For each parent configuration the CDF over the ordered child states is the product of
@@ -51,7 +51,7 @@ def noisy_max_values(node: NoisyMax) -> np.ndarray:
         return np.cumsum(pmf)
 
     leak_cdf = cdf(node.leak)
-    parent_states = [states_of(p) for p in node.parents]
+    parent_states = [network.states_of(p) for p in node.parents]
     effects = {tuple(k.split("=", 1)): cdf(v) for k, v in node.effects.items()}
     out = np.empty((card,) + tuple(len(s) for s in parent_states))
     for combo in itertools.product(*[range(len(s)) for s in parent_states]):
@@ -65,9 +65,9 @@ def noisy_max_values(node: NoisyMax) -> np.ndarray:
     return out
 
 
-def table_values(node: Table) -> np.ndarray:
+def table_values(node: Table, network: Network) -> np.ndarray:
     """Table of a :class:`~.structure.Table` node: first matching row per configuration."""
-    parent_states = [states_of(p) for p in node.parents]
+    parent_states = [network.states_of(p) for p in node.parents]
     out = np.empty((len(node.states),) + tuple(len(s) for s in parent_states))
     for combo in itertools.product(*[range(len(s)) for s in parent_states]):
         assign = {p: states[i] for p, states, i in zip(node.parents, parent_states, combo)}
@@ -80,29 +80,29 @@ def table_values(node: Table) -> np.ndarray:
     return out
 
 
-def default_cpds() -> dict[str, Cpd]:
-    """The hand-set CPDs of every non-root node, from :data:`~.structure.NODES`."""
+def default_cpds(network: Network) -> dict[str, Cpd]:
+    """The hand-set CPDs of every non-root node of ``network``."""
     out = {}
-    for node in NODES:
-        vals = noisy_max_values(node) if isinstance(node, NoisyMax) else table_values(node)
+    for node in network.nodes:
+        vals = noisy_max_values(node, network) if isinstance(node, NoisyMax) else table_values(node, network)
         out[node.name] = Cpd(node.name, node.states, node.parents, vals)
     return out
 
 
-def build_cpds(roots: Mapping[str, Mapping[str, float]],
-               overrides: Mapping[str, Mapping] | None = None) -> dict[str, Cpd]:
-    """All CPDs: root priors from ``roots``, others hand-set unless ``overrides`` has them.
+def build_cpds(roots: Mapping[str, Mapping[str, float]], overrides: Mapping[str, Mapping] | None,
+               network: Network) -> dict[str, Cpd]:
+    """All CPDs of ``network``: root priors from ``roots``, others hand-set unless ``overrides`` has them.
 
     ``overrides`` maps a node to ``{"values": 2-d list in pgmpy layout, ...}`` (a prior
     file's validated ``cpds`` section).
     """
     cpds: dict[str, Cpd] = {}
-    for name, states in ROOTS.items():
+    for name, states in network.roots.items():
         cpds[name] = Cpd(name, states, (), np.array([float(roots[name][s]) for s in states]))
-    for name, cpd in default_cpds().items():
+    for name, cpd in default_cpds(network).items():
         if overrides and name in overrides:
             vals = np.asarray(overrides[name]["values"], dtype=float)
-            vals = vals.reshape((len(cpd.states),) + tuple(len(states_of(p)) for p in cpd.parents))
+            vals = vals.reshape((len(cpd.states),) + tuple(len(network.states_of(p)) for p in cpd.parents))
             cpd = Cpd(name, cpd.states, cpd.parents, vals)
         cpds[name] = cpd
     strict_check(cpds)

@@ -14,8 +14,8 @@ from typing import Mapping
 
 from neuraldbg.causal.compiled import CompiledNetwork
 from neuraldbg.causal.evidence import Evidence
-from neuraldbg.causal.signatures import retention_not_kept
-from neuraldbg.causal.structure import ROOTS
+from neuraldbg.causal.nodes.causes import retention_not_kept
+from neuraldbg.causal.nodes.run import LR
 from neuraldbg.causal.types import CausalChain, Hypothesis, Posterior
 from neuraldbg.events.base import FAILURE_TYPES, Event
 from neuraldbg.trace import Trace
@@ -162,7 +162,7 @@ def describe(cause: str, state: str, p: float, failure_type: str, layer: str | N
 
 
 def _lr_text(trace: Trace) -> str:
-    lrs = dict(trace.meta).get("lr") if trace.meta else None
+    lrs = trace.signatures.value(LR)
     if isinstance(lrs, (list, tuple)) and lrs:
         try:
             vals = sorted({float(x) for x in lrs if math.isfinite(float(x))})

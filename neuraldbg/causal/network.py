@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from neuraldbg.causal.cpd import Cpd, strict_check
-from neuraldbg.causal.structure import LATENT_NAMES, ROOTS, edges, states_of
+from neuraldbg.causal.structure import Network
 
 log = logging.getLogger("neuraldbg")
 
@@ -31,25 +31,25 @@ def _pgmpy() -> tuple[Any, Any, Any]:
     return DiscreteBayesianNetwork, TabularCPD, VariableElimination
 
 
-def to_tabular(cpd: Cpd) -> Any:
+def to_tabular(cpd: Cpd, network: Network) -> Any:
     """A pgmpy ``TabularCPD`` with state names, parents in sorted order."""
     _, TabularCPD, _ = _pgmpy()
     names = {cpd.name: list(cpd.states)}
-    names.update({p: list(states_of(p)) for p in cpd.parents})
+    names.update({p: list(network.states_of(p)) for p in cpd.parents})
     if not cpd.parents:
         return TabularCPD(cpd.name, len(cpd.states), cpd.values.reshape(-1, 1), state_names=names)
     return TabularCPD(cpd.name, len(cpd.states), cpd.values_2d,
-                      evidence=list(cpd.parents), evidence_card=[len(states_of(p)) for p in cpd.parents],
+                      evidence=list(cpd.parents), evidence_card=[len(network.states_of(p)) for p in cpd.parents],
                       state_names=names)
 
 
-def build_model(cpds: Mapping[str, Cpd]) -> Any:
-    """The checked pgmpy model: ``check_model()`` plus the strict 1e-9 column-sum check."""
+def build_model(cpds: Mapping[str, Cpd], network: Network) -> Any:
+    """The checked pgmpy model of ``network``: ``check_model()`` plus the strict 1e-9 column-sum check."""
     DiscreteBayesianNetwork, _, _ = _pgmpy()
     strict_check(cpds)
-    model = DiscreteBayesianNetwork(edges(), latents=set(LATENT_NAMES))
-    model.add_nodes_from(ROOTS)  # roots are in the edge list already; harmless, explicit
-    model.add_cpds(*[to_tabular(c) for c in cpds.values()])
+    model = DiscreteBayesianNetwork(network.edges(), latents=set(network.latent_names))
+    model.add_nodes_from(network.roots)  # roots are in the edge list already; harmless, explicit
+    model.add_cpds(*[to_tabular(c, network) for c in cpds.values()])
     model.check_model()
     for tab in model.get_cpds():  # pgmpy's check tolerates 0.01; ours does not
         vals = tab.get_values()
@@ -61,29 +61,30 @@ def build_model(cpds: Mapping[str, Cpd]) -> Any:
     return model
 
 
-def reference_posterior(model: Any, evidence: Mapping[str, str]) -> tuple[dict[str, dict[str, float]], float]:
+def reference_posterior(model: Any, evidence: Mapping[str, str],
+                        network: Network) -> tuple[dict[str, dict[str, float]], float]:
     """Root marginals and ``P(healthy)`` by pgmpy ``VariableElimination`` (slow; for tests)."""
     _, _, VariableElimination = _pgmpy()
     infer = VariableElimination(model)
     ev = dict(evidence)
-    roots = sorted(ROOTS)
+    roots = list(network.root_names)
     joint = infer.query(roots, evidence=ev or None, joint=True, show_progress=False)
     marg: dict[str, dict[str, float]] = {}
     for v in roots:
         f = joint.marginalize([r for r in roots if r != v], inplace=False)
         f.normalize()
-        marg[v] = {s: float(f.get_value(**{v: s})) for s in ROOTS[v]}
+        marg[v] = {s: float(f.get_value(**{v: s})) for s in network.roots[v]}
     joint.normalize()
     p_ok = float(joint.get_value(**{v: "ok" for v in roots}))
     return marg, p_ok
 
 
-def cpds_from_model(model: Any) -> dict[str, dict[str, Any]]:
+def cpds_from_model(model: Any, network: Network) -> dict[str, dict[str, Any]]:
     """A prior file's ``cpds`` section from a (fitted) pgmpy model: every non-root node's
     table in pgmpy layout, with its sorted parents and states, ready to be validated."""
     out = {}
     for tab in model.get_cpds():
-        if tab.variable in ROOTS:
+        if tab.variable in network.roots:
             continue
         parents = list(tab.variables[1:])
         order = sorted(parents)

@@ -5,11 +5,10 @@ result can be hashed, compared, pickled, printed and written to JSON without tor
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from neuraldbg.events.base import Event
-
 
 #: events shown by ``str(CausalChain)`` before eliding the rest
 MAX_LINKS = 8
@@ -24,7 +23,8 @@ def _short(e: Event) -> str:
 class Hypothesis:
     """One abnormal root-cause state, ranked by its posterior marginal.
 
-    ``cause``/``state`` name a root variable and one of its abnormal states (``docs/api.md``, :data:`neuraldbg.vocab.ROOTS`);
+    ``cause``/``state`` name a root variable and one of its abnormal states (``docs/api.md``,
+    :data:`neuraldbg.vocab.ROOTS`);
     ``probability`` is ``P(cause = state | evidence)``; ``evidence`` holds the events whose
     observation raised that probability (the likelihood ratio of their evidence variable
     favours this state over "all ok"). ``str(h)`` is ``h.description``.

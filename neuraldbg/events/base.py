@@ -6,7 +6,7 @@ compared, pickled and written to JSON without touching torch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, asdict
+from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping
 
 from neuraldbg.vocab import (ACTIVATION, DATA, EVENT_KINDS, EVENT_TYPES, FAILURE_TYPES, GRADIENT,  # noqa: F401

@@ -6,7 +6,6 @@ import statistics
 from collections import deque
 from typing import Sequence
 
-
 from neuraldbg.events.base import OPTIMIZER, Event, make_event
 from neuraldbg.events.registry import Detector, register_detector
 from neuraldbg.events.stepstats import StepStats

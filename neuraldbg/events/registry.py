@@ -11,19 +11,11 @@ from neuraldbg.events.stepstats import StepStats
 
 @dataclass(frozen=True)
 class DetectorContext:
-    """What a detector knows about the model: family, layers in forward order, their kinds."""
+    """What a detector knows about the model: its family and the layers in forward order."""
 
     family: str
     layer_order: tuple[str, ...]
-    layer_kinds: tuple[tuple[str, str], ...]  # (layer, activation kind)
     input_layer: str | None
-
-    def index(self, layer: str) -> int:
-        """Forward-order index (unknown layers sort last)."""
-        try:
-            return self.layer_order.index(layer)
-        except ValueError:
-            return len(self.layer_order)
 
 
 class Detector:

@@ -10,15 +10,13 @@ flag off, never zero. ``layers`` gives the same numbers as a dict per layer.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
 #: the per-layer columns of a step
-COLUMNS = ("out_sum", "out_sumsq", "out_n", "dead_frac", "sat_frac", "pgrad_sumsq", "pgrad_n",
-           "gout_sumsq", "gout_n")
-_GROUPS = (("out", ("out_sum", "out_sumsq", "out_n")), ("pgrad", ("pgrad_sumsq", "pgrad_n")),
-           ("gout", ("gout_sumsq", "gout_n")))
+COLUMNS = ("out_sum", "out_sumsq", "out_n", "dead_frac", "sat_frac", "pgrad_sumsq", "pgrad_n")
+_GROUPS = (("out", ("out_sum", "out_sumsq", "out_n")), ("pgrad", ("pgrad_sumsq", "pgrad_n")))
 
 
 def rms(sumsq: float, n: float) -> float:
@@ -49,8 +47,7 @@ class StepStats:
 
     Per layer (columns over ``names``): ``out_sum``, ``out_sumsq``, ``out_n`` (the module's
     output), ``dead_frac`` / ``sat_frac`` (activation modules only), ``pgrad_sumsq`` /
-    ``pgrad_n`` (parameter gradients), ``gout_sumsq`` / ``gout_n`` (gradient w.r.t. the output,
-    when recorded); ``has_out``, ``has_pgrad``, ``has_gout`` say which are observed.
+    ``pgrad_n`` (parameter gradients); ``has_out`` and ``has_pgrad`` say which are observed.
     ``inputs`` holds the model input's ``sum``, ``sumsq``, ``nan``, ``inf``, ``n`` (the sums
     are over all entries, meaningful when ``nan`` and ``inf`` are 0).
 
@@ -62,7 +59,7 @@ class StepStats:
                  layers: dict[str, dict[str, float]] | None = None, has_backward: bool = False,
                  grad_scale: float | None = None, *, names: tuple[str, ...] | None = None,
                  columns: dict[str, np.ndarray] | None = None,
-                 present: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
+                 present: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         self.step = step
         self.loss = loss
         self.inputs = inputs
@@ -75,7 +72,7 @@ class StepStats:
             names, columns, present = _from_layers(layers) if layers else _EMPTY
         self.names: tuple[str, ...] = names
         self.cols = columns
-        self.has_out, self.has_pgrad, self.has_gout = present
+        self.has_out, self.has_pgrad = present
 
     def __getattr__(self, name: str) -> np.ndarray:
         cols = self.__dict__.get("cols")
@@ -93,11 +90,7 @@ class StepStats:
     @property
     def n_layers_seen(self) -> int:
         """Layers with any observation this step."""
-        return int(np.count_nonzero(self.has_out | self.has_pgrad | self.has_gout))
-
-    def grad_rms_column(self) -> np.ndarray:
-        """Parameter-gradient RMS per layer (NaN where not observed)."""
-        return rms_column(self.cols["pgrad_sumsq"], self.cols["pgrad_n"], self.has_pgrad)
+        return int(np.count_nonzero(self.has_out | self.has_pgrad))
 
     def out_rms_column(self) -> np.ndarray:
         """Output RMS per layer (NaN where not observed or not finite)."""
@@ -115,13 +108,6 @@ class StepStats:
         if not d or d.get("pgrad_n", 0) <= 0:
             return None
         return rms(d["pgrad_sumsq"], d["pgrad_n"])
-
-    def out_finite(self, layer: str) -> bool | None:
-        """Whether the layer's output sums were finite (``None``: no output stats)."""
-        d = self.layers.get(layer)
-        if not d or "out_sum" not in d:
-            return None
-        return math.isfinite(d["out_sum"])
 
     def input_mean_std(self) -> tuple[float, float] | None:
         """Mean and std of the model input (``None`` when it has NaN or Inf entries: the
@@ -155,8 +141,8 @@ for _c in (*_EMPTY[1].values(), *_EMPTY[2]):
 
 
 def _to_layers(st: StepStats) -> dict[str, dict[str, float]]:
-    flags = dict(zip(("out", "pgrad", "gout"), (st.has_out, st.has_pgrad, st.has_gout)))
-    seen = np.flatnonzero(st.has_out | st.has_pgrad | st.has_gout)
+    flags = dict(zip(("out", "pgrad"), (st.has_out, st.has_pgrad)))
+    seen = np.flatnonzero(st.has_out | st.has_pgrad)
     out: dict[str, dict[str, float]] = {}
     for i in seen:
         d: dict[str, float] = {}
@@ -206,8 +192,3 @@ def grown(arr: np.ndarray, n: int, fill: Any) -> np.ndarray:
         return arr
     extra = np.full((n - len(arr),) + arr.shape[1:], fill, dtype=arr.dtype)
     return np.concatenate([arr, extra])
-
-
-def names_of(names: tuple[str, ...], mask: np.ndarray) -> Iterable[tuple[int, str]]:
-    """``(position, name)`` where ``mask`` holds."""
-    return ((int(i), names[i]) for i in np.flatnonzero(mask))

@@ -27,7 +27,7 @@ import numpy as np
 
 from neuraldbg.causal.cpd import Cpd, build_cpds, strict_check
 from neuraldbg.causal.priors import Priors
-from neuraldbg.causal.structure import EVIDENCE_NAMES, LATENT_NAMES, NODE_BY_NAME, ROOT_NAMES, ROOTS, states_of
+from neuraldbg.causal.structure import Network, default_network
 from neuraldbg.fit.cases import Run, TuneError
 
 log = logging.getLogger("neuraldbg")
@@ -37,46 +37,53 @@ DEFAULT_ESS = 10.0
 #: EM stops when the penalized log-likelihood gains less than this per run, or after MAX_ITER.
 TOL = 1e-7
 MAX_ITER = 200
-#: Non-root nodes, the ones fitted (roots are kept from the base priors).
-FITTED_NODES: tuple[str, ...] = LATENT_NAMES + EVIDENCE_NAMES
+
+
+def fitted_nodes(network: Network) -> tuple[str, ...]:
+    """The non-root nodes of ``network``, the ones fitted (roots are kept from the base priors)."""
+    return network.latent_names + network.evidence_names
 
 
 class _Index:
-    """Hidden-state bookkeeping shared by the E-step and scoring.
+    """Hidden-state bookkeeping of one network, shared by the E-step and scoring.
 
     Hidden states are ordered like :class:`CompiledNetwork`: roots then latents in C order,
     so hidden index ``h = root_joint * n_latent + latent_joint``.
     """
 
-    def __init__(self) -> None:
-        self.hidden = ROOT_NAMES + LATENT_NAMES
+    def __init__(self, network: Network) -> None:
+        self.network = network
+        n_roots, states_of = len(network.root_names), network.states_of
+        self.hidden = network.root_names + network.latent_names
         cards = [len(states_of(v)) for v in self.hidden]
         grid = np.indices(cards).reshape(len(cards), -1)
         self.index = {v: grid[i] for i, v in enumerate(self.hidden)}
-        self.n_root = int(np.prod(cards[:len(ROOT_NAMES)]))
-        self.n_lat = int(np.prod(cards[len(ROOT_NAMES):]))
-        self.root_cards = cards[:len(ROOT_NAMES)]
+        self.n_root = int(np.prod(cards[:n_roots]))
+        self.n_lat = int(np.prod(cards[n_roots:]))
+        self.root_cards = cards[:n_roots]
         self.cfg: dict[str, np.ndarray] = {}     # node -> parent-configuration index, (n_root, n_lat)
         self.n_cfg: dict[str, int] = {}
-        for name in FITTED_NODES:
-            ps = NODE_BY_NAME[name].parents
+        for name in fitted_nodes(network):
+            ps = network.parents_of(name)
             pc = [len(states_of(p)) for p in ps]
             self.cfg[name] = np.ravel_multi_index([self.index[p] for p in ps], pc).reshape(self.n_root, self.n_lat)
             self.n_cfg[name] = int(np.prod(pc))
-        self.lat_state = {v: self.index[v].reshape(self.n_root, self.n_lat) for v in LATENT_NAMES}
+        self.lat_state = {v: self.index[v].reshape(self.n_root, self.n_lat) for v in network.latent_names}
 
     def root_joint(self, truth: Mapping[str, str]) -> int:
-        return int(np.ravel_multi_index([ROOTS[v].index(truth.get(v, "ok")) for v in ROOT_NAMES], self.root_cards))
+        net = self.network
+        return int(np.ravel_multi_index([net.roots[v].index(truth.get(v, "ok")) for v in net.root_names],
+                                        self.root_cards))
 
 
-_IDX: _Index | None = None
+_IDX: dict[str, _Index] = {}
 
 
-def _idx() -> _Index:
-    global _IDX
-    if _IDX is None:
-        _IDX = _Index()
-    return _IDX
+def _idx(network: Network) -> _Index:
+    ix = _IDX.get(network.fingerprint)
+    if ix is None:
+        ix = _IDX[network.fingerprint] = _Index(network)
+    return ix
 
 
 @dataclass
@@ -88,13 +95,13 @@ class _Data:
     observed: dict[str, np.ndarray]        # var -> (N,) bool
 
     @classmethod
-    def of(cls, runs: Sequence[Run]) -> "_Data":
-        ix = _idx()
+    def of(cls, runs: Sequence[Run], network: Network) -> "_Data":
+        ix = _idx(network)
         n = len(runs)
         root = np.array([ix.root_joint(r.truth) for r in runs], dtype=np.intp)
         masks, observed = {}, {}
-        for e in EVIDENCE_NAMES:
-            states = states_of(e)
+        for e in network.evidence_names:
+            states = network.states_of(e)
             m = np.ones((n, len(states)))
             o = np.zeros(n, dtype=bool)
             for i, r in enumerate(runs):
@@ -114,31 +121,31 @@ class _Data:
 
 # ---------------------------------------------------------------------------------- EM
 
-def _columns(cpd: Cpd) -> np.ndarray:
+def _columns(cpd: Cpd, ix: _Index) -> np.ndarray:
     """``P(node | parents)`` at every hidden state, shaped ``(card, n_root, n_lat)``."""
-    ix = _idx()
     col = cpd.values[(slice(None),) + tuple(ix.index[p] for p in cpd.parents)]
     return col.reshape(len(cpd.states), ix.n_root, ix.n_lat)
 
 
-def _e_step(cpds: Mapping[str, Cpd], data: _Data) -> tuple[dict[str, np.ndarray], float]:
+def _e_step(cpds: Mapping[str, Cpd], data: _Data, network: Network) -> tuple[dict[str, np.ndarray], float]:
     """Expected counts ``{node: (card, n_cfg)}`` of every fitted node, and the log-likelihood
     of the evidence given the truths (latents and partial observations summed out)."""
-    ix = _idx()
+    ix = _idx(network)
+    states_of = network.states_of
     R = data.root
     n = len(R)
     lat = np.arange(ix.n_lat)[None, :]
     logw = np.zeros((n, ix.n_lat))
-    for v in LATENT_NAMES:
-        col = _columns(cpds[v])
+    for v in network.latent_names:
+        col = _columns(cpds[v], ix)
         with np.errstate(divide="ignore"):
             logw += np.log(col[ix.lat_state[v][R], R[:, None], lat])
     parts = {}
-    for e in EVIDENCE_NAMES:
+    for e in network.evidence_names:
         obs = data.observed[e]
         if not obs.any():
             continue
-        colR = _columns(cpds[e])[:, R, :]                       # (card, N, n_lat)
+        colR = _columns(cpds[e], ix)[:, R, :]                       # (card, N, n_lat)
         lik = np.einsum("nc,cnl->nl", data.masks[e], colR)       # P(observation | parents)
         with np.errstate(divide="ignore"):
             logw += np.where(obs[:, None], np.log(lik), 0.0)
@@ -152,11 +159,11 @@ def _e_step(cpds: Mapping[str, Cpd], data: _Data) -> tuple[dict[str, np.ndarray]
     ll = float((np.log(z) + top).sum())
     w /= z
     counts: dict[str, np.ndarray] = {}
-    for v in LATENT_NAMES:
+    for v in network.latent_names:
         card, nc = len(states_of(v)), ix.n_cfg[v]
         flat = ix.lat_state[v][R] * nc + ix.cfg[v][R]
         counts[v] = np.bincount(flat.ravel(), weights=w.ravel(), minlength=card * nc).reshape(card, nc)
-    for e in EVIDENCE_NAMES:
+    for e in network.evidence_names:
         card, nc = len(states_of(e)), ix.n_cfg[e]
         if e not in parts:
             counts[e] = np.zeros((card, nc))
@@ -174,12 +181,13 @@ def _e_step(cpds: Mapping[str, Cpd], data: _Data) -> tuple[dict[str, np.ndarray]
     return counts, ll
 
 
-def pseudo_counts(base: Mapping[str, Cpd], ess: float) -> dict[str, np.ndarray]:
+def pseudo_counts(base: Mapping[str, Cpd], ess: float, network: Network) -> dict[str, np.ndarray]:
     """Dirichlet pseudo-counts ``ess * base column`` for every fitted node (pgmpy layout)."""
-    return {n: ess * base[n].values_2d for n in FITTED_NODES}
+    return {n: ess * base[n].values_2d for n in fitted_nodes(network)}
 
 
-def _m_step_numpy(counts: Mapping[str, np.ndarray], alpha: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _m_step_numpy(counts: Mapping[str, np.ndarray], alpha: Mapping[str, np.ndarray],
+                  network: Network) -> dict[str, np.ndarray]:
     out = {}
     for n, c in counts.items():
         tot = c + alpha[n]
@@ -187,7 +195,8 @@ def _m_step_numpy(counts: Mapping[str, np.ndarray], alpha: Mapping[str, np.ndarr
     return out
 
 
-def _m_step_pgmpy(counts: Mapping[str, np.ndarray], alpha: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _m_step_pgmpy(counts: Mapping[str, np.ndarray], alpha: Mapping[str, np.ndarray],
+                  network: Network) -> dict[str, np.ndarray]:
     """The same update through pgmpy's ``DiscreteBayesianEstimator`` on a weighted frame.
 
     Each node is estimated on its own family (node + sorted parents): one row per
@@ -202,8 +211,8 @@ def _m_step_pgmpy(counts: Mapping[str, np.ndarray], alpha: Mapping[str, np.ndarr
         from pgmpy.parameter_estimator import DiscreteBayesianEstimator
     out = {}
     for n, c in counts.items():
-        parents = list(NODE_BY_NAME[n].parents)
-        names = {n: list(states_of(n)), **{p: list(states_of(p)) for p in parents}}
+        parents = list(network.parents_of(n))
+        names = {n: list(network.states_of(n)), **{p: list(network.states_of(p)) for p in parents}}
         configs = list(itertools.product(*[names[p] for p in parents]))
         rows, weights = [], []
         for s, state in enumerate(names[n]):
@@ -239,35 +248,38 @@ class FitInfo:
 
 
 def fit_cpds(runs: Sequence[Run], base: Priors | Mapping[str, Cpd], ess: float = DEFAULT_ESS,
-             max_iter: int = MAX_ITER, tol: float = TOL, engine: str = "pgmpy") -> tuple[dict[str, Cpd], FitInfo]:
-    """Fit every non-root CPD to ``runs`` by EM, Dirichlet prior ``ess x base`` (see module doc).
+             max_iter: int = MAX_ITER, tol: float = TOL, engine: str = "pgmpy",
+             network: Network | None = None) -> tuple[dict[str, Cpd], FitInfo]:
+    """Fit every non-root CPD of ``network`` (default: this version's) to ``runs`` by EM,
+    Dirichlet prior ``ess x base`` (see module doc).
 
     ``base`` is a :class:`Priors` (its CPDs, hand-set or fitted, are start and prior shape) or
     a full CPD dict. ``engine`` picks the M-step: ``"pgmpy"`` (DiscreteBayesianEstimator) or
     ``"numpy"`` (the same closed form, faster; used inside cross-validation). Root CPDs are
     returned unchanged.
     """
+    network = network if network is not None else default_network()
     if not ess > 0:
         raise TuneError(f"ess must be > 0, got {ess!r}")
     if engine not in ("pgmpy", "numpy"):
         raise TuneError(f"engine must be 'pgmpy' or 'numpy', got {engine!r}")
-    cpds = dict(build_cpds(base.roots, base.cpds) if isinstance(base, Priors) else base)
-    alpha = pseudo_counts(cpds, ess)
+    cpds = dict(build_cpds(base.roots, base.cpds, network) if isinstance(base, Priors) else base)
+    alpha = pseudo_counts(cpds, ess, network)
     m_step = _m_step_pgmpy if engine == "pgmpy" else _m_step_numpy
-    data = _Data.of(runs)
+    data = _Data.of(runs, network)
     n = max(len(runs), 1)
     prev, ll0, it, converged, ll = -math.inf, math.nan, 0, False, math.nan
     for it in range(1, max_iter + 1):
-        counts, ll = _e_step(cpds, data)
+        counts, ll = _e_step(cpds, data, network)
         if it == 1:
             ll0 = ll
         # MAP-EM objective (posterior mean = MAP under Dirichlet(alpha + 1)): monotone
-        obj = ll + sum(float((alpha[k] * np.log(cpds[k].values_2d)).sum()) for k in FITTED_NODES)
+        obj = ll + sum(float((alpha[k] * np.log(cpds[k].values_2d)).sum()) for k in fitted_nodes(network))
         if obj - prev < tol * n:
             converged = True
             break
         prev = obj
-        new = m_step(counts, alpha)
+        new = m_step(counts, alpha, network)
         for k, vals in new.items():
             old = cpds[k]
             cpds[k] = Cpd(k, old.states, old.parents, vals.reshape(old.values.shape))

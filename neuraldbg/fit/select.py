@@ -17,10 +17,10 @@ from neuraldbg import scoring
 from neuraldbg.causal.compiled import CompiledNetwork
 from neuraldbg.causal.cpd import Cpd, build_cpds
 from neuraldbg.causal.priors import Priors
-from neuraldbg.causal.structure import EVIDENCE_NAMES, ROOT_NAMES, ROOTS
+from neuraldbg.causal.structure import Network, default_network
 from neuraldbg.fit.cases import Run, TuneError
 from neuraldbg.fit.em import DEFAULT_ESS, MAX_ITER, _Data, fit_cpds
-from neuraldbg.vocab import HEALTHY, LABELS
+from neuraldbg.vocab import HEALTHY, LABELS, ROOT_NAMES, ROOTS
 
 #: Folds of the held-out check (grouped by seed).
 DEFAULT_FOLDS = 5
@@ -40,7 +40,7 @@ class Prediction:
 def _evidence_loglik(net: CompiledNetwork, data: _Data) -> np.ndarray:
     """``log P(evidence | hidden)`` for every run and hidden state, partial sets summed: (N, H)."""
     ll = np.zeros((len(data.root), net.n_hidden))
-    for e, table in zip(EVIDENCE_NAMES, net.log_tables):
+    for e, table in zip(net.network.evidence_names, net.log_tables):
         obs = data.observed[e]
         if not obs.any():
             continue
@@ -55,10 +55,13 @@ def _predict_from(net: CompiledNetwork, ll: np.ndarray, temperature: float) -> P
     return Prediction(marg, p_ok, scoring.label_distribution(p_ok, marg))
 
 
-def predict(cpds: Mapping[str, Cpd], runs: Sequence[Run], temperature: float = 1.0) -> Prediction:
-    """Posteriors of ``runs`` under ``cpds`` (exact enumeration, partial observations handled)."""
-    net = CompiledNetwork(cpds)
-    return _predict_from(net, _evidence_loglik(net, _Data.of(runs)), temperature)
+def predict(cpds: Mapping[str, Cpd], runs: Sequence[Run], temperature: float = 1.0,
+            network: Network | None = None) -> Prediction:
+    """Posteriors of ``runs`` under ``cpds`` of ``network`` (default: this version's; exact
+    enumeration, partial observations handled)."""
+    network = network if network is not None else default_network()
+    net = CompiledNetwork(cpds, network)
+    return _predict_from(net, _evidence_loglik(net, _Data.of(runs, network)), temperature)
 
 
 def prior_mix_weights(runs: Sequence[Run], priors: Priors) -> np.ndarray:
@@ -170,7 +173,7 @@ def _stack(preds: list[tuple[np.ndarray, Prediction]], n: int) -> Prediction:
 
 def cross_validate(runs: Sequence[Run], base: Priors, ess: float = DEFAULT_ESS, folds: int = DEFAULT_FOLDS,
                    seed: int = 0, temperatures: Sequence[float] = TEMPERATURE_GRID,
-                   max_iter: int = MAX_ITER, criterion: str = "prior_mix") -> CVResult:
+                   max_iter: int = MAX_ITER, criterion: str = "prior_mix", network: Network | None = None) -> CVResult:
     """K-fold check: fit on K-1 folds (numpy M-step, same estimate as pgmpy's), predict the
     held-out fold under the base priors and the fitted CPDs at every temperature; the chosen
     temperature minimizes the pooled held-out label log loss, reweighted to the root priors'
@@ -184,8 +187,9 @@ def cross_validate(runs: Sequence[Run], base: Priors, ess: float = DEFAULT_ESS, 
     if len(runs) < folds:
         raise TuneError(f"{len(runs)} runs cannot be split into {folds} folds")
     fold, grouping = fold_groups(runs, folds, seed)
-    base_cpds = build_cpds(base.roots, base.cpds)
-    base_net = CompiledNetwork(base_cpds)
+    network = network if network is not None else default_network()
+    base_cpds = build_cpds(base.roots, base.cpds, network)
+    base_net = CompiledNetwork(base_cpds, network)
     grid = sorted(set(float(t) for t in temperatures) | {1.0})
     b_preds, f_preds = [], {t: [] for t in grid}
     for k in range(folds):
@@ -194,10 +198,11 @@ def cross_validate(runs: Sequence[Run], base: Priors, ess: float = DEFAULT_ESS, 
         if not len(test):
             continue
         test_runs = [runs[i] for i in test]
-        tdata = _Data.of(test_runs)
+        tdata = _Data.of(test_runs, network)
         b_preds.append((test, _predict_from(base_net, _evidence_loglik(base_net, tdata), base.temperature)))
-        cpds, _ = fit_cpds([runs[i] for i in train], base_cpds, ess=ess, max_iter=max_iter, engine="numpy")
-        net = CompiledNetwork(cpds)
+        cpds, _ = fit_cpds([runs[i] for i in train], base_cpds, ess=ess, max_iter=max_iter, engine="numpy",
+                           network=network)
+        net = CompiledNetwork(cpds, network)
         ll = _evidence_loglik(net, tdata)
         for t in grid:
             f_preds[t].append((test, _predict_from(net, ll, t)))

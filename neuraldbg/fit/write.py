@@ -17,8 +17,9 @@ from typing import Any, Iterable, Mapping
 
 from neuraldbg.causal.cpd import Cpd
 from neuraldbg.causal.priors import Priors, load_priors, validate
+from neuraldbg.causal.structure import default_network
 from neuraldbg.fit.cases import Run, TuneError, inputs_hash, load_runs
-from neuraldbg.fit.em import DEFAULT_ESS, FITTED_NODES, MAX_ITER, TOL, FitInfo, fit_cpds
+from neuraldbg.fit.em import DEFAULT_ESS, MAX_ITER, TOL, FitInfo, fit_cpds, fitted_nodes
 from neuraldbg.fit.select import DEFAULT_FOLDS, CVResult, cross_validate
 from neuraldbg.jsonio import write_json_atomic
 from neuraldbg.vocab import FAMILIES
@@ -50,12 +51,13 @@ def _round(x: Any) -> Any:
 
 
 def _cpds_section(cpds: Mapping[str, Cpd], engine: str) -> dict[str, dict[str, Any]]:
+    network = default_network()
     if engine == "pgmpy":
         # through the checked pgmpy model: check_model(), strict sums, sorted parents
         from neuraldbg.causal.network import build_model, cpds_from_model
-        return cpds_from_model(build_model(cpds))
+        return cpds_from_model(build_model(cpds, network), network)
     return {n: {"parents": list(cpds[n].parents), "states": list(cpds[n].states),
-                "values": cpds[n].values_2d.tolist()} for n in FITTED_NODES}
+                "values": cpds[n].values_2d.tolist()} for n in fitted_nodes(network)}
 
 
 def hand_set_base(pri: Priors) -> Priors:
@@ -72,11 +74,20 @@ def hand_set_base(pri: Priors) -> Priors:
     # the roots are never fitted, so their reasoning is the fitted file's own; the base records
     # only the reasoning of its tables
     reasoning = {**{k: v for k, v in pri.reasoning.items() if k in pri.roots}, **b.get("reasoning", {})}
-    doc = {"schema_version": pri.schema_version, "family": pri.family, "roots": {k: dict(v) for k, v in pri.roots.items()},
+    source = b.get("source", "?")
+    doc = {"schema_version": pri.schema_version, "family": pri.family, "network": pri.network,
+           "roots": {k: dict(v) for k, v in pri.roots.items()},
            "cpds": b["cpds"], "temperature": b.get("temperature", 1.0), "reasoning": reasoning,
-           "provenance": {"method": b.get("method", "hand-set"), "recovered_from": pri.source}}
+           # the base's own source, so that a refit of the refit records it once (base_source)
+           "provenance": {"method": b.get("method", "hand-set"), "recovered_from": pri.source, "source": source}}
     log.info("tune: %s is fitted; starting from its recorded hand-set base", pri.source)
-    return validate(doc, source=f"{b.get('source', '?')} (hand-set base recorded in {pri.source})", family=pri.family)
+    return validate(doc, source=f"{source} (hand-set base recorded in {pri.source})", family=pri.family)
+
+
+def base_source(pri: Priors) -> str:
+    """Where a base's tables come from: its own file, or for a base recovered from a fitted
+    file, the source that file recorded (never the recovered label, which would nest)."""
+    return str(pri.provenance.get("source", pri.source)) if "recovered_from" in pri.provenance else pri.source
 
 
 def tune(records_or_sessions: str | os.PathLike | Iterable[Run], family: str, *, ess: float = DEFAULT_ESS,
@@ -98,10 +109,14 @@ def tune(records_or_sessions: str | os.PathLike | Iterable[Run], family: str, *,
     runs = [r for r in all_runs if r.family == family]
     if not runs:
         have = sorted({r.family for r in all_runs})
-        raise TuneError(f"no runs of family {family!r} in {records_or_sessions if isinstance(records_or_sessions, (str, os.PathLike)) else 'the given runs'}"
-                        f" (families present: {', '.join(have) or 'none'})")
-    base_pri = base if isinstance(base, Priors) else (load_priors(path=base) if base is not None else load_priors(family))
+        where = records_or_sessions if isinstance(records_or_sessions, (str, os.PathLike)) else "the given runs"
+        raise TuneError(f"no runs of family {family!r} in {where} (families present: {', '.join(have) or 'none'})")
+    if isinstance(base, Priors):
+        base_pri = base
+    else:
+        base_pri = load_priors(path=base) if base is not None else load_priors(family)
     base_pri = hand_set_base(base_pri)
+    src = base_source(base_pri)
     cv = None
     heldout = None
     temp = 1.0
@@ -119,12 +134,12 @@ def tune(records_or_sessions: str | os.PathLike | Iterable[Run], family: str, *,
     doc = base_pri.to_dict()
     doc["family"] = family
     doc["description"] = (f"{family}: CPDs fitted to {len(runs)} benchmark runs (EM, Dirichlet prior "
-                          f"ess={ess:g} x the base tables); root priors kept from {base_pri.source}.")
+                          f"ess={ess:g} x the base tables); root priors kept from {src}.")
     doc["cpds"] = _cpds_section(cpds, engine)
     doc["temperature"] = float(temp)
     reasoning = {k: v for k, v in base_pri.reasoning.items() if not k.startswith("cpds.")}
     reasoning["cpds"] = ("Every non-root table fitted by EM to the runs named in provenance, shrunk toward "
-                         f"the base tables ({base_pri.source}) with {ess:g} pseudo-runs per parent "
+                         f"the base tables ({src}) with {ess:g} pseudo-runs per parent "
                          "configuration; configurations the runs never reach keep the base column.")
     doc["reasoning"] = reasoning
     import neuraldbg
@@ -139,7 +154,7 @@ def tune(records_or_sessions: str | os.PathLike | Iterable[Run], family: str, *,
         "neuraldbg_version": neuraldbg.__version__,
         "pgmpy_version": pgmpy_version,
         # the hand-set base itself, so re-tuning this file shrinks toward it, not toward this fit
-        "base": {"source": base_pri.source, "fingerprint": base_pri.fingerprint,
+        "base": {"source": base_source(base_pri), "fingerprint": base_pri.fingerprint,
                  "method": base_pri.provenance.get("method"), "temperature": base_pri.temperature,
                  "cpds": {k: dict(v) for k, v in base_pri.cpds.items()},
                  "reasoning": {k: v for k, v in base_pri.reasoning.items() if k.startswith("cpds.")}},

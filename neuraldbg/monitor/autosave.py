@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from neuraldbg.monitor.addons import Addon
+from neuraldbg.lifecycle import Addon, AddonContext
 
 log = logging.getLogger("neuraldbg")
 
@@ -136,22 +136,22 @@ class Autosave(Addon):
         self.saves = 0
         self.build_seconds = 0.0
 
-    def _document(self, dbg: Any) -> tuple[int, dict]:
+    def _document(self, ctx: AddonContext) -> tuple[int, dict]:
         from neuraldbg.session import trace_to_dict
 
         t0 = time.perf_counter()
-        trace = dbg.trace()
-        doc = trace_to_dict(trace, config=dbg.config.to_dict(), priors=dbg.priors)
+        trace = ctx.trace()
+        doc = trace_to_dict(trace, config=ctx.settings.config.to_dict(), priors=ctx.settings.priors)
         self.build_seconds += time.perf_counter() - t0
         self.saves += 1
         return trace.last_step, doc
 
-    def enter(self, dbg: Any) -> None:
+    def enter(self, ctx: AddonContext) -> None:
         """Write the (empty) session at once, so the file exists from the first step on."""
         self._last = time.monotonic()
-        self._writer.write(*self._document(dbg))
+        self._writer.write(*self._document(ctx))
 
-    def step_closed(self, dbg: Any, step: int, checked: bool) -> None:
+    def step_closed(self, ctx: AddonContext, step: int, checked: bool) -> None:
         """Hand a fresh document to the writer when the interval has passed and it is idle."""
         if not checked:
             return
@@ -159,9 +159,9 @@ class Autosave(Addon):
         if now - self._last < self.interval or self._writer.busy():
             return
         self._last = now
-        self._writer.submit(*self._document(dbg))
+        self._writer.submit(*self._document(ctx))
 
-    def exit(self, dbg: Any, exc: BaseException | None) -> None:
+    def exit(self, ctx: AddonContext, exc: BaseException | None) -> None:
         """Write the final session (also when the loop raised) and stop the writer thread."""
         self._writer.close()  # an older document must not land after the final one
-        self._writer.write(*self._document(dbg))
+        self._writer.write(*self._document(ctx))

@@ -48,13 +48,12 @@ class ModuleHooks:
     ``report(key, msg, level)`` logs a problem once per key.
     """
 
-    def __init__(self, root: nn.Module, *, every: int, config: DetectorConfig, output_grads: bool,
-                 scaler: Any, report: Callable[..., None]) -> None:
+    def __init__(self, root: nn.Module, *, every: int, config: DetectorConfig, scaler: Any,
+                 report: Callable[..., None]) -> None:
         self.root = root
         self.every = every
         self.margin = config.saturation_margin
         self.softmax_margin = config.softmax_saturation_margin
-        self.output_grads = output_grads
         self.scaler = scaler
         self._report = report
         self.eval_trains = False  # set when the model is trained in eval() mode (then eval forwards count)
@@ -270,22 +269,9 @@ class ModuleHooks:
                 buf.traced = True
             elif spec.name not in self.order_pos:
                 self._add_order(spec.name)
-            if self.output_grads and y.requires_grad and not traced:
-                y.register_hook(partial(self._on_out_grad, spec.gout, buf, n))
         except Exception as e:  # noqa: BLE001
             self.disabled.add(spec.name)
             self._report((spec.name, type(e).__name__), f"statistics of {spec.name} failed and are disabled: {e!r}")
-        return None
-
-    def _on_out_grad(self, slot, buf, n, grad):
-        try:
-            if buf is self.buf and buf.active and grad is not None:
-                self._capture_scale(buf)
-                with torch.no_grad():
-                    buf.records.append((slot, n, (S.grad_norm(grad),)))
-                buf.n_gout += 1
-        except Exception as e:  # noqa: BLE001
-            self._report((slot, "gout", type(e).__name__), f"output-gradient statistics failed: {e!r}")
         return None
 
     def _on_param_grad(self, pidx, name, param):

@@ -15,9 +15,9 @@ from torch import nn
 
 from neuraldbg.monitor import stats as S
 
-#: slot groups of a step's record: a module output, an output gradient, the model input,
-#: and an output with no elements (no values: the marker of a missing observation)
-OUT, GOUT, INPUT, EMPTY = 0, 1, 2, 3
+#: slot groups of a step's record: a module output, the model input, and an output with no
+#: elements (no values: the marker of a missing observation)
+OUT, INPUT, EMPTY = 0, 2, 3
 #: the slot of the model input (there is one table per monitor)
 INPUT_SLOT = 0
 
@@ -68,7 +68,7 @@ class StepBuffer:
     """What the hooks recorded in one step, still on the device."""
 
     __slots__ = ("step", "active", "tables", "records", "pgrad", "losses", "scale", "eval_skipped", "n_fwd",
-                 "n_gout", "traced", "root_called", "entry")
+                 "traced", "root_called", "entry")
 
     def __init__(self, step: int, active: bool, tables: Tables) -> None:
         self.step = step
@@ -80,7 +80,6 @@ class StepBuffer:
         self.scale: Any = None          # GradScaler scale during this step's backward (1-element tensor)
         self.eval_skipped = False       # forwards skipped because the model was in eval()
         self.n_fwd = 0                  # module outputs measured
-        self.n_gout = 0                 # output gradients measured
         self.traced = False             # recorded by hooks traced under torch.compile
         self.root_called = False        # the root module's forward ran in this step
         self.entry: list[tuple] = []    # inputs of sub-networks called directly (see ModuleHooks)
@@ -92,7 +91,7 @@ class StepBuffer:
 class Spec:
     """What a module's hooks need, looked up once at registration."""
 
-    __slots__ = ("name", "kind", "bounds", "dim", "sq", "layer", "out", "gout", "empty", "by_units", "tables")
+    __slots__ = ("name", "kind", "bounds", "dim", "sq", "layer", "out", "empty", "by_units", "tables")
 
     def __init__(self, name: str, mod: nn.Module, layer: int, tables: Tables) -> None:
         self.name = name
@@ -103,7 +102,6 @@ class Spec:
         self.sq = next(iter(mod.parameters(recurse=False)), None) is not None
         self.layer, self.tables = layer, tables
         self.out = tables.slot(OUT, layer, self.kind, self.sq)
-        self.gout = tables.slot(GOUT, layer)
         self.empty = tables.slot(EMPTY, layer)
         self.by_units: dict[int, int] = {}  # ReLU-like: a slot per unit count (divided on the host)
 
@@ -155,6 +153,18 @@ def unwrap(model: nn.Module) -> nn.Module:
         else:
             break
     return model
+
+
+def dist_rank() -> tuple[int | None, int | None]:
+    """``(rank, world_size)`` under an initialized ``torch.distributed``, else ``(None, None)``."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:  # noqa: BLE001 - a broken distributed setup must not stop the monitor
+        pass
+    return None, None
 
 
 def monitored_modules(root: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -18,7 +18,7 @@ import torch
 
 from neuraldbg.events.stepstats import StepStats
 from neuraldbg.monitor import stats as S
-from neuraldbg.monitor.records import EMPTY, GOUT, INPUT, OUT
+from neuraldbg.monitor.records import EMPTY, INPUT, OUT
 
 if TYPE_CHECKING:  # pragma: no cover
     from neuraldbg.monitor.records import StepBuffer, Tables
@@ -42,7 +42,7 @@ class _Pending:
         self.floats = [x for x in buf.losses if not isinstance(x, torch.Tensor)]
         self.tensors = [x for x in buf.losses if isinstance(x, torch.Tensor)]
         self.scale = buf.scale
-        self.has_bwd = bool(buf.pgrad) or buf.n_gout > 0
+        self.has_bwd = bool(buf.pgrad)
         self.tables = buf.tables
 
 
@@ -141,8 +141,8 @@ class _Layout:
         self.param_layer = np.asarray(tables.param_layer, dtype=np.intp)
         self.param_numel = np.asarray(tables.param_numel, dtype=np.float64)
         cols: dict[str, list] = {k: [] for k in ("out_k", "out_layer", "out_pos", "sq_pos", "frac_pos",
-                                                 "frac_dead", "frac_units", "gout_k", "gout_layer", "gout_pos", "in_k",
-                                                 "in_pos", "in_layer", "empty_layer")}
+                                                 "frac_dead", "frac_units", "in_k", "in_pos", "in_layer",
+                                                 "empty_layer")}
         vec_records, vec_units, vec_val = [], [], []   # per-unit maxima: which records, how long
         pos = val = 0   # position among the scalars, index among the flattened record values
         for k, slot in enumerate(slots):
@@ -170,12 +170,6 @@ class _Layout:
                     val += (2 if sq else 1) + has_frac
                 cols["frac_dead"].append(kind == "relu")
                 cols["frac_units"].append(max(units, 1))
-            elif group == GOUT:
-                cols["gout_k"].append(k)
-                cols["gout_layer"].append(layer)
-                cols["gout_pos"].append(pos)
-                pos += 1
-                val += 1
             elif group == INPUT:
                 cols["in_k"].append(k)
                 cols["in_pos"].append(pos)
@@ -216,16 +210,12 @@ class _Layout:
             self.n_at[self.out_layer] = self.out_k
         self.units = np.ones(L)
         self.units[self.out_layer] = self.frac_units
-        self.has_gout = np.zeros(L, dtype=bool)
-        self.has_gout[self.gout_layer] = True
         # a module that only saw empty inputs this step: its (zero) gradients are no observation
         self.empty_only = np.zeros(L, dtype=bool)
         self.empty_only[self.empty_layer] = True
         self.empty_only &= ~self.has_out
         self.any_empty = bool(self.empty_only.any())
-        self.nan_col, self.zero_col = np.full(L, np.nan), np.zeros(L)
-        for c in (self.nan_col, self.zero_col, self.has_out, self.has_gout):
-            c.flags.writeable = False
+        self.has_out.flags.writeable = False  # shared by every step read with this layout
 
 
 def _picker(idx: list[int]) -> Callable[[list], list]:
@@ -313,12 +303,6 @@ def _read(step, p, lay, host, z0, vec_at, cache, loss, has_bwd) -> StepStats:
             c = np.bincount(ol[m], minlength=L)
             v = 1.0 - h[lay.frac_pos[m]] / lay.frac_units[m] if dead else h[lay.frac_pos[m]]
             cols[col] = np.where(c > 0, _per_layer(ol[m], v, L) / np.maximum(c, 1), np.nan)
-    if len(lay.gout_layer):
-        gn = h[lay.gout_pos] / scale if scale else h[lay.gout_pos]
-        cols["gout_sumsq"] = np.where(lay.has_gout, _per_layer(lay.gout_layer, _sq32(gn), L), np.nan)
-        cols["gout_n"] = _per_layer(lay.gout_layer, ns[lay.gout_k], L)
-    else:  # shared read-only columns: detectors never write into a step's numbers
-        cols["gout_sumsq"], cols["gout_n"] = lay.nan_col, lay.zero_col
     has_pgrad = _read_pgrad(p, lay, host, vec_at, cache, scale, cols)
     inputs = None
     if len(lay.in_pos) == 1:  # (sum, norm, finite count, non-NaN count) of the input tensor
@@ -339,7 +323,7 @@ def _read(step, p, lay, host, z0, vec_at, cache, loss, has_bwd) -> StepStats:
         if inputs["nan"] + inputs["inf"] > 0:
             _name_entry(inputs, lay, v[:, 2], n_in)
     return StepStats(step=step, loss=loss, inputs=inputs, has_backward=has_bwd, grad_scale=scale,
-                     names=lay.names, columns=cols, present=(lay.has_out, has_pgrad, lay.has_gout))
+                     names=lay.names, columns=cols, present=(lay.has_out, has_pgrad))
 
 
 def _read_pgrad(p, lay, host, vec_at, cache, scale, cols) -> np.ndarray:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
+from neuraldbg.causal.nodes.run import MERGED_RANKS
 from neuraldbg.events.base import Event
 from neuraldbg.events.compress import compress
 from neuraldbg.jsonio import write_text_atomic
@@ -66,7 +67,7 @@ def collect(source: Any, priors: Any = None, timeline_points: int = TIMELINE_POI
     pri = api.resolve_priors(trace, priors)
     ev = api.evidence(trace)
     chains = tuple(api.causal_chain(trace, ft, pri) for ft in FAILURE_TYPES if failure_observed(trace, ev, ft))
-    ranks = set(dict(trace.meta).get("merged_ranks", ()) or ()) | {e.rank for e in trace.events if e.rank is not None}
+    ranks = set(trace.signatures.value(MERGED_RANKS, ()) or ()) | {e.rank for e in trace.events if e.rank is not None}
     return ReportData(trace=trace, posterior=api.posterior(trace, pri), hypotheses=tuple(api.hypotheses(trace, pri)),
                       chains=chains, timeline=tuple(posterior_timeline(trace, pri, max_points=timeline_points)),
                       ranks=tuple(sorted(int(r) for r in ranks)))

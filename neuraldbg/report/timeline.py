@@ -3,9 +3,10 @@
 A :class:`~neuraldbg.trace.Trace` holds a whole run; :func:`trace_until` cuts it back to what
 the monitor had seen by a given step (events started by then, clipped to it; the loss curve up
 to it), and :func:`posterior_timeline` asks the causal engine for the posterior of each cut.
-The root-cause signatures measured on entry and over the first checked steps (the weight
-scale, the step size; ``docs/causal_model.md``) stay in every cut: the live monitor has them
-from its first checked steps on.
+A cut keeps only the signatures the live monitor had measured by then (each records the
+step it was measured by; ``neuraldbg/trace.py``): the weight scale from the first step, the
+step size once its window closed, a run-long summary such as a reference loss's tail only
+at the end. End-of-run evidence never leaks into an early step.
 """
 from __future__ import annotations
 
@@ -55,7 +56,9 @@ def _loss_until(loss: LossSummary, step: int) -> LossSummary:
 
 def trace_until(trace: Trace, step: int) -> Trace:
     """``trace`` as the monitor knew it at ``step``: events that started by then (ends and
-    counts clipped to it) and the losses recorded up to it."""
+    counts clipped to it), the losses recorded up to it and the signatures measured by then."""
+    from neuraldbg.causal.nodes import signature_table
+
     events = []
     for e in trace.events:
         if e.step > step:
@@ -65,8 +68,9 @@ def trace_until(trace: Trace, step: int) -> Trace:
             count = max(1, round(e.count * (step - e.step + 1) / span))
             e = dataclasses.replace(e, end_step=step, count=count)
         events.append(e)
+    sigs = trace.signatures.known_by(step, signature_table(), trace.first_step, trace.last_step)
     return dataclasses.replace(trace, events=tuple(events), last_step=max(trace.first_step, min(step, trace.last_step)),
-                               loss=_loss_until(trace.loss, step))
+                               loss=_loss_until(trace.loss, step), signatures=sigs)
 
 
 def _thin(xs: Sequence[int], k: int) -> list[int]:

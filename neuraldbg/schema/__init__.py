@@ -16,12 +16,26 @@ declarations are handed in by :mod:`neuraldbg.causal.priors`. The formats are do
 """
 from __future__ import annotations
 
-from neuraldbg.schema.base import (FILE_SUM_TOL, MAX_BYTES, MAX_DEPTH, MAX_INT, PRIOR_SCHEMA_VERSION,
-                                   SESSION_SCHEMA, SESSION_VERSIONS, Checker, PriorError, SchemaError,
-                                   SessionFormatError, join, read_json, show, too_deep)
-from neuraldbg.schema.priors import PRIOR_KEYS, check_priors
+from neuraldbg.schema.base import (
+                                   FILE_SUM_TOL,
+                                   MAX_BYTES,
+                                   MAX_DEPTH,
+                                   MAX_INT,
+                                   PRIOR_SCHEMA_VERSION,
+                                   SESSION_SCHEMA,
+                                   SESSION_VERSIONS,
+                                   Checker,
+                                   PriorError,
+                                   SchemaError,
+                                   SessionFormatError,
+                                   join,
+                                   read_json,
+                                   show,
+                                   too_deep,
+)
+from neuraldbg.schema.priors import PRIOR_KEYS, check_priors, network_mismatch
 from neuraldbg.schema.session import check_session
 
 __all__ = ["FILE_SUM_TOL", "MAX_BYTES", "MAX_DEPTH", "MAX_INT", "PRIOR_KEYS", "PRIOR_SCHEMA_VERSION",
            "SESSION_SCHEMA", "SESSION_VERSIONS", "Checker", "PriorError", "SchemaError", "SessionFormatError",
-           "check_priors", "check_session", "join", "read_json", "show", "too_deep"]
+           "check_priors", "check_session", "join", "network_mismatch", "read_json", "show", "too_deep"]

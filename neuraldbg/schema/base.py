@@ -14,10 +14,12 @@ MAX_DEPTH = 64
 MAX_INT = 2 ** 53
 
 SESSION_SCHEMA = "neuraldbg.session"
-#: Session schema versions this version reads (1: priors named by path; 2: priors embedded).
-SESSION_VERSIONS = (1, 2)
-#: Prior-file schema this version reads and writes.
-PRIOR_SCHEMA_VERSION = 1
+#: Session schema versions this version reads (1: priors named by path; 2: priors embedded;
+#: 3: declared signatures, each with the step it was measured by, under ``signatures``).
+SESSION_VERSIONS = (1, 2, 3)
+#: Prior-file schema this version reads and writes (2: the file records the fingerprint of the
+#: network it was written for; version 1 files record none and are refused).
+PRIOR_SCHEMA_VERSION = 2
 #: Tolerance on probability sums in a prior file; the values are then renormalized exactly.
 FILE_SUM_TOL = 1e-6
 

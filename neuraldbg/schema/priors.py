@@ -7,19 +7,29 @@ from typing import Any, Callable, Mapping
 from neuraldbg.schema.base import FILE_SUM_TOL, PRIOR_SCHEMA_VERSION, Checker, PriorError, SchemaError, join, show
 from neuraldbg.vocab import FAMILIES, ROOTS
 
-PRIOR_KEYS = ("schema_version", "family", "description", "provenance", "roots", "reasoning",
+PRIOR_KEYS = ("schema_version", "family", "network", "description", "provenance", "roots", "reasoning",
               "temperature", "cpds")
+
+
+def network_mismatch(found: Any, expected: str) -> str:
+    """The one message for a file written for another network than this version's."""
+    was = f"network {found}" if isinstance(found, str) else "a network it does not record (an older file)"
+    return (f"written for {was}; this NeuralDBG diagnoses with network {expected} (nodes, parents or states "
+            "differ): refit it with `neuraldbg tune-priors`, or start from a shipped prior file")
 
 
 def check_priors(data: Any, file: str = "<dict>", family: str | None = None, *,
                  nodes: Mapping[str, Any], states_of: Callable[[str], tuple[str, ...]],
+                 roots_of: Mapping[str, tuple[str, ...]] = ROOTS, network: str | None = None,
                  error: type[SchemaError] = PriorError, prefix: str = "") -> dict:
     """Validate a parsed prior file (``docs/priors.md``); return its normalized parts.
 
     ``nodes`` maps each non-root node of the network to its declaration (``parents``,
-    ``states``) and ``states_of`` gives any variable's states (the causal engine hands both
-    in, so the schema does not depend on it). The result has ``schema_version``, ``family``,
-    ``roots`` and ``cpds`` (renormalized), ``temperature``, ``provenance`` and ``reasoning``.
+    ``states``), ``states_of`` gives any variable's states, ``roots_of`` the roots and
+    ``network`` the network's fingerprint (the causal engine hands them in, so the schema does
+    not depend on it). A file written for another network is refused, naming both
+    fingerprints. The result has ``schema_version``, ``family``, ``network``, ``roots`` and
+    ``cpds`` (renormalized), ``temperature``, ``provenance`` and ``reasoning``.
     ``family``, when given, must match the file's. ``prefix`` places the fields inside a larger
     document (a session's embedded priors).
     """
@@ -29,10 +39,15 @@ def check_priors(data: Any, file: str = "<dict>", family: str | None = None, *,
     unknown = sorted(set(data) - set(PRIOR_KEYS))
     if unknown:
         raise c.fail("", f"unknown keys {unknown}; valid: {sorted(PRIOR_KEYS)}")
-    version = data.get("schema_version")
+    version, found = data.get("schema_version"), data.get("network")
+    if network is not None and found != network:
+        raise c.fail("network", network_mismatch(found, network))
     if type(version) is not int or version != PRIOR_SCHEMA_VERSION:
         raise c.fail("schema_version", f"schema_version {version!r} is not supported; this neuraldbg reads "
                                        f"schema_version {PRIOR_SCHEMA_VERSION}")
+    if found is not None and not (isinstance(found, str) and len(found) == 40
+                                  and all(ch in "0123456789abcdef" for ch in found)):
+        raise c.fail("network", f"{show(found)} is not a network fingerprint; valid: 40 lowercase hex digits")
     fam = data.get("family")
     if fam not in FAMILIES:
         raise c.fail("family", f"family {fam!r} is not valid; valid: {', '.join(FAMILIES)}")
@@ -41,12 +56,12 @@ def check_priors(data: Any, file: str = "<dict>", family: str | None = None, *,
     roots_in = data.get("roots")
     if not isinstance(roots_in, dict):
         raise c.fail("", "missing 'roots' object (variable -> {state: probability})")
-    missing, extra = set(ROOTS) - set(roots_in), set(roots_in) - set(ROOTS)
+    missing, extra = set(roots_of) - set(roots_in), set(roots_in) - set(roots_of)
     if missing or extra:
-        raise c.fail("roots", f"roots must name exactly {sorted(ROOTS)}; missing {sorted(missing)}, "
+        raise c.fail("roots", f"roots must name exactly {sorted(roots_of)}; missing {sorted(missing)}, "
                               f"unknown {sorted(extra)}")
     roots: dict[str, dict[str, float]] = {}
-    for var, states in ROOTS.items():
+    for var, states in roots_of.items():
         where = join("roots", var)
         dist = c.obj(roots_in[var], where)
         if set(dist) != set(states):
@@ -76,7 +91,8 @@ def check_priors(data: Any, file: str = "<dict>", family: str | None = None, *,
         c.string(v, join("reasoning", k))
     if "description" in data:
         c.string(data["description"], "description")
-    return {"schema_version": version, "family": fam, "roots": roots, "cpds": cpds, "temperature": temperature,
+    return {"schema_version": version, "family": fam, "network": found, "roots": roots, "cpds": cpds,
+            "temperature": temperature,
             "provenance": dict(prov), "reasoning": dict(reasoning)}
 
 

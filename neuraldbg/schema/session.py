@@ -1,26 +1,32 @@
 """The session schema (``docs/session_format.md``)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from neuraldbg.schema.base import SESSION_SCHEMA, SESSION_VERSIONS, Checker, SessionFormatError, join, show
 from neuraldbg.vocab import EVENT_KINDS, EVENT_TYPES, FAMILIES
 
-_SESSION_REQUIRED = ("schema", "version", "neuraldbg_version", "family", "rank", "world_size", "steps",
-                     "model", "events", "loss", "config", "priors", "meta")
+_REQUIRED = ("schema", "version", "neuraldbg_version", "family", "rank", "world_size", "steps",
+             "model", "events", "loss", "config", "priors")
+#: where each version keeps its signatures (before version 3: a flat ``meta`` object)
+_SIGNATURES_KEY = {1: "meta", 2: "meta", 3: "signatures"}
 _EVENT_OPTIONAL = ("layer", "end_step", "count", "severity", "values", "rank")
 _LOSS_KEYS = ("n", "first", "last", "min", "n_nonfinite", "first_nonfinite_step", "history")
-_META_INT = {"every": 1}  # key -> smallest valid value
-_META_STR = ("optimizer",)
-_META_NUMBER_LISTS = ("lr",)
-_META_INT_LISTS = ("merged_ranks",)
+
+#: ``check(name, value) -> value``: a declared signature's value normalized, ``KeyError`` for an
+#: undeclared name, ``ValueError`` for a bad value (the causal engine's table hands it in)
+SignatureCheck = Callable[[str, Any], Any]
 
 
-def check_session(doc: Any, file: str = "<dict>") -> dict:
+def check_session(doc: Any, file: str = "<dict>", *, signature: SignatureCheck | None = None,
+                  renamed: dict[str, str] | None = None) -> dict:
     """Validate a parsed session document; return it normalized (see ``docs/session_format.md``).
 
-    The result holds the same keys with numbers decoded, every event field filled in, and
-    ``priors`` either None, a path string (version 1, never opened) or the embedded block.
+    The result holds the same keys with numbers decoded, every event field filled in,
+    ``priors`` either None, a path string (version 1, never opened) or the embedded block, and
+    ``signatures`` as ``{name: (value, step or None)}``. ``signature`` checks each signature
+    against its declaration (an undeclared one is refused); ``renamed`` maps names older
+    versions wrote to their current name.
     """
     c = Checker(file)
     if not isinstance(doc, dict) or doc.get("schema") != SESSION_SCHEMA:
@@ -30,7 +36,8 @@ def check_session(doc: Any, file: str = "<dict>") -> dict:
     if type(version) is not int or version not in SESSION_VERSIONS:
         raise SessionFormatError(f"{file} has session schema version {version!r}; this NeuralDBG reads "
                                  f"versions {', '.join(map(str, SESSION_VERSIONS))}", file=file, field="version")
-    c.obj(doc, "", _SESSION_REQUIRED, ("propagation",))
+    sig_key = _SIGNATURES_KEY[version]
+    c.obj(doc, "", _REQUIRED + (sig_key,), ("propagation",))
     out: dict[str, Any] = {"schema": SESSION_SCHEMA, "version": version,
                            "neuraldbg_version": c.string(doc["neuraldbg_version"], "neuraldbg_version"),
                            "family": c.string(doc["family"], "family", FAMILIES),
@@ -47,7 +54,7 @@ def check_session(doc: Any, file: str = "<dict>") -> dict:
             _propagation(c, p, join("propagation", i))
     out["loss"] = _loss(c, doc["loss"])
     out["config"] = _config(c, doc["config"])
-    out["meta"] = _meta(c, doc["meta"])
+    out["signatures"] = _signatures(c, doc[sig_key], sig_key, version, signature, renamed or {})
     pri = doc["priors"]
     if version == 1:
         out["priors"] = c.string(pri, "priors", null=True)
@@ -148,21 +155,27 @@ def _config(c: Checker, cfg: Any) -> dict:
     return out
 
 
-def _meta(c: Checker, meta: Any) -> dict:
-    c.obj(meta, "meta")
-    out: dict[str, Any] = {}
-    for k, v in meta.items():
-        where = join("meta", k)
-        if k in _META_INT:
-            out[k] = c.integer(v, where, _META_INT[k])
-        elif k in _META_STR:
-            out[k] = c.string(v, where, null=True)
-        elif k in _META_NUMBER_LISTS:
-            out[k] = [c.number(x, join(where, i)) for i, x in enumerate(c.array(v, where))]
-        elif k in _META_INT_LISTS:
-            out[k] = [c.integer(x, join(where, i), 0) for i, x in enumerate(c.array(v, where))]
-        elif isinstance(v, list):  # another measured signature: a flat list of scalars
-            out[k] = [c.scalar(x, join(where, i)) for i, x in enumerate(v)]
-        else:
-            out[k] = c.scalar(v, where)
+def _signatures(c: Checker, sigs: Any, key: str, version: int, check: SignatureCheck | None,
+                renamed: dict[str, str]) -> dict[str, tuple[Any, int | None]]:
+    """``{name: (value, step)}``: version 3 stores ``{"value", "step"}`` per signature, older
+    versions a bare value (no step)."""
+    c.obj(sigs, key)
+    out: dict[str, tuple[Any, int | None]] = {}
+    for k, v in sigs.items():
+        where = join(key, k)
+        step = None
+        if version >= 3:
+            c.obj(v, where, ("value",), ("step",))
+            step = c.integer(v.get("step"), join(where, "step"), null=True)
+            v = v["value"]
+        v = [c.scalar(x, join(where, i)) for i, x in enumerate(v)] if isinstance(v, list) else c.scalar(v, where)
+        name = renamed.get(k, k) if version < 3 else k
+        if check is not None:
+            try:
+                v = check(name, v)
+            except KeyError as exc:
+                raise c.fail(where, str(exc.args[0] if exc.args else exc)) from None
+            except ValueError as exc:
+                raise c.fail(where, str(exc)) from None
+        out[name] = (v, step)
     return out

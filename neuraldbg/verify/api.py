@@ -7,7 +7,7 @@ observation missed can still be found), until ``top`` of them were replayed, :fu
    the last one at or before the hypothesis' onset), model, optimizer, RNG and tracked state;
 2. asks the intervention whether it can act on this run at all (untestable: no steps spent);
 3. applies it and replays ``[start, end)`` with the user's ``replay(model, optimizer, step)``
-   under a fresh internal monitor with the original's settings, where ``end`` covers ``steps``
+   under a fresh internal monitor with the original's settings (``dbg.settings``), where ``end`` covers ``steps``
    steps (and at least ``steps // 4`` past the onset), within the original run;
 4. compares the replayed losses with the original ones and, in a window from the run's first
    step, the replay's events with the hypothesis' own (:mod:`.outcome`).
@@ -27,7 +27,7 @@ import torch
 
 from neuraldbg.causal import api as capi
 from neuraldbg.causal import hypotheses as _hyp
-from neuraldbg.causal.signatures import retention_not_kept
+from neuraldbg.causal.nodes.causes import retention_not_kept
 from neuraldbg.causal.types import Posterior
 from neuraldbg.verify import likelihoods as L
 from neuraldbg.verify.interventions import Context, get_intervention
@@ -55,14 +55,15 @@ def _check(dbg: Any, replay: Any, steps: Any, top: Any) -> Snapshots:
     _positive("steps", steps)
     _positive("top", top)
     if not callable(replay):
-        raise TypeError(f"replay must be callable as replay(model, optimizer, step) -> loss, got {type(replay).__name__}")
+        raise TypeError(f"replay must be callable as replay(model, optimizer, step) -> loss, "
+                        f"got {type(replay).__name__}")
     snaps = of(dbg)
     if snaps is None:
         raise RuntimeError(NO_SNAPSHOTS)
     if dbg.optimizer is None:
         raise ValueError("verify needs the optimizer the replay steps: NeuralDbg(model, optimizer=optimizer, "
                          "snapshots=True)")
-    if dbg._hooks.handles:
+    if dbg.active:
         raise RuntimeError("verify replays training, so it runs after the `with NeuralDbg(...)` block, not inside it")
     if snaps.first is None:
         raise RuntimeError("no snapshot was taken: the monitor was never entered")
@@ -103,10 +104,8 @@ def _run_test(dbg: Any, snaps: Snapshots, replay: Callable, hyp: Any, trace: Any
     replayed: dict[int, float] = {}
     undo = iv.apply(ctx)
     try:
-        inner = type(dbg)(dbg.model, family=dbg.family, optimizer=dbg.optimizer, every=dbg.every,
-                          config=dbg.config, detectors=dbg._detector_names, priors=dbg.priors,
-                          output_grads=dbg.output_grads, scaler=dbg.scaler, reference=dbg.reference,
-                          reference_every=dbg.reference_every)
+        # the original's settings, without its own add-ons (no snapshots, no autosave)
+        inner = type(dbg)(dbg.model, **dbg.settings.replace(snapshots=None, autosave=None).as_kwargs())
         with inner:
             for t in range(start, end):
                 inner.step = t

@@ -14,7 +14,7 @@ column per test and renormalizes; :func:`reference_update` computes the same wit
 ``VariableElimination`` on the network extended by those nodes (the cross-check of the tests).
 
 The tables live in ``neuraldbg/priors/verification.json``: a hand-set table (its reasoning
-next to it) and, when fitted from benchmark runs (:mod:`neuraldbg.verify.fit`), Beta-smoothed
+next to it) and, when fitted from benchmark runs (:mod:`neuraldbg.verify.tune`), Beta-smoothed
 tables per family, with ``default`` for families without enough runs.
 """
 from __future__ import annotations
@@ -170,9 +170,10 @@ def reference_update(cpds: Mapping[str, Any], evidence: Mapping[str, str], tests
     one ``verify:`` node per test (slow; the cross-check of :func:`update`). ``evidence`` holds
     single states only."""
     from neuraldbg.causal.network import _pgmpy, build_model
+    from neuraldbg.causal.structure import default_network
 
     _, TabularCPD, VariableElimination = _pgmpy()
-    model = build_model(cpds)
+    model = build_model(cpds, default_network())
     roots = sorted(ROOTS)
     cards = [len(ROOTS[v]) for v in roots]
     ev = dict(evidence)

@@ -17,9 +17,9 @@ runs. The add-on also records the model inputs' mean and standard deviation over
 :data:`WARMUP_CALLS` training forwards, the reference the data-shift intervention
 standardizes to.
 
-This module follows the monitor's add-on protocol (``enter``, ``step_started``,
-``step_closed``, ``exit``; see ``neuraldbg/monitor/addons.py``) without importing the
-monitor: the monitor imports this package, not the other way round.
+:class:`Snapshots` is a part of the monitor (``neuraldbg/lifecycle.py``): it sees the monitor
+through its :class:`~neuraldbg.lifecycle.AddonContext` only, so this package never imports the
+monitor (the monitor imports it).
 """
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+
+from neuraldbg.lifecycle import Addon, AddonContext
 
 log = logging.getLogger("neuraldbg")
 
@@ -177,7 +179,7 @@ def floating_inputs(args: tuple, kwargs: dict) -> list[tuple[Any, torch.Tensor]]
             and not v.is_sparse and v.numel() > 1]
 
 
-class Snapshots:
+class Snapshots(Addon):
     """The snapshot add-on of one monitor (see the module docstring).
 
     ``k``: ring size (``>= 1``). ``references(module, shape)`` gives the reference weight stds
@@ -196,39 +198,42 @@ class Snapshots:
         self.taken = 0
         self.tracked: list[tuple[Callable[[], Any], Callable[[Any], None]]] = []
         self.inputs = InputStats()
-        self._dbg: Any = None
+        self._ctx: AddonContext | None = None
         self._pending: int | None = None
         self._handles: list[Any] = []
         self._input_hook: Any = None
 
     # ---- what the monitor calls ---------------------------------------------------
-    def enter(self, dbg: Any) -> None:
+    def enter(self, ctx: AddonContext) -> None:
         """Take the first snapshot (before the first forward) and start the input reference."""
-        self._dbg = dbg
-        self.first = self._take(dbg._step)
+        self._ctx = ctx
+        self.first = self._take(ctx.step)
         # eager even under torch.compile (its counter would recompile the graph every call),
         # and removed once the reference is complete
-        self._input_hook = dbg.root.register_forward_pre_hook(torch.compiler.disable(self._on_input),
+        self._input_hook = ctx.root.register_forward_pre_hook(torch.compiler.disable(self._on_input),
                                                               with_kwargs=True)
         self._handles.append(self._input_hook)
-        opt = dbg.optimizer
-        if opt is not None and hasattr(opt, "register_step_post_hook"):
-            self._handles.append(opt.register_step_post_hook(self._after_update))
 
-    def step_started(self, dbg: Any, step: int, checked: bool) -> None:
+    def step_started(self, ctx: AddonContext, step: int, checked: bool) -> None:
         """A checked step on the spacing: snapshot now when the loop sets ``dbg.step`` (before
         the forward), else after this step's optimizer update (``record_loss`` opened it early)."""
         if not checked or step <= (self.first.step if self.first else 0) or step % self.spacing:
             return
-        if dbg._user_steps:
+        if ctx.steps_set_by_loop:
             self._add(self._take(step))
         else:
             self._pending = step
 
-    def step_closed(self, dbg: Any, step: int, checked: bool) -> None:
-        """Nothing: snapshots are taken when a step starts."""
+    def optimizer_post(self, ctx: AddonContext, optimizer: Any, checked: bool) -> None:
+        """The snapshot a ``record_loss`` loop's step asked for, after its update."""
+        if self._pending is not None:
+            step, self._pending = self._pending, None
+            try:
+                self._add(self._take(step))
+            except Exception as e:  # noqa: BLE001 - never raise into the training loop
+                log.warning("neuraldbg: snapshot at step %d failed: %r", step, e)
 
-    def exit(self, dbg: Any, exc: BaseException | None) -> None:
+    def exit(self, ctx: AddonContext, exc: BaseException | None) -> None:
         """Remove the add-on's hooks; the snapshots stay for :meth:`NeuralDbg.verify`."""
         for h in self._handles:
             h.remove()
@@ -237,23 +242,15 @@ class Snapshots:
 
     # ---- the ring -----------------------------------------------------------------
     def _take(self, step: int) -> Snapshot:
-        dbg = self._dbg
+        ctx = self._ctx
         self.taken += 1
-        return capture(dbg.root, dbg.optimizer, dbg.scaler, step, self.tracked)
+        return capture(ctx.root, ctx.optimizer, ctx.settings.scaler, step, self.tracked)
 
     def _add(self, snap: Snapshot) -> None:
         self.ring.append(snap)
         while len(self.ring) > self.k:
             self.spacing *= 2
             self.ring = [s for s in self.ring if s.step % self.spacing == 0]
-
-    def _after_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._pending is not None:
-            step, self._pending = self._pending, None
-            try:
-                self._add(self._take(step))
-            except Exception as e:  # noqa: BLE001 - never raise into the training loop
-                log.warning("neuraldbg: snapshot at step %d failed: %r", step, e)
 
     def _on_input(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self.inputs.calls >= WARMUP_CALLS or not module.training or not torch.is_grad_enabled():
@@ -316,7 +313,4 @@ def make_snapshots(value: Any, references: Callable | None = None) -> Snapshots 
 
 def of(dbg: Any) -> Snapshots | None:
     """The :class:`Snapshots` add-on of a monitor, or ``None`` when it was built without."""
-    for addon in getattr(dbg, "_addons", ()):
-        if isinstance(addon, Snapshots):
-            return addon
-    return None
+    return dbg.addon(Snapshots)

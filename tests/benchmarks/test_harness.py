@@ -7,12 +7,11 @@ import json
 import pandas as pd
 import pytest
 
+import models
+import neuraldbg.causal.api  # noqa: F401  (a broken engine must fail here, not skip)
 from benchmarks import harness as H
 from benchmarks import metrics as M
 from benchmarks.__main__ import main as cli
-
-import models
-import neuraldbg.causal.api  # noqa: F401  (a broken engine must fail here, not skip)
 
 ARCHS = ["mlp", "cnn"]
 INJECTIONS = ["healthy", "data_nan"]

@@ -36,7 +36,8 @@ def test_run_one_record_schema_session_and_baselines(fake_zoo, tmp_path):
     rec = H.run_one(H.RunSpec("toy_a", "data_nan", 1, time_bare=True), tmp_path)
     assert set(H.RECORD_COLUMNS) <= set(rec)
     assert rec["error"] == ""
-    assert (rec["true_cause"], rec["true_state"], rec["true_layer"], rec["true_onset"]) == ("data", "corrupted", "fc1", 30)
+    truth = (rec["true_cause"], rec["true_state"], rec["true_layer"], rec["true_onset"])
+    assert truth == ("data", "corrupted", "fc1", 30)
     assert (rec["pred_cause"], rec["pred_state"], rec["origin_layer"]) == ("data", "corrupted", "fc1")
     assert rec["events_nan"] == 1 and rec["n_events"] == 1 and rec["first_event_kind"] == "nan"
     assert rec["seconds"] > rec["seconds_bare"] > 0

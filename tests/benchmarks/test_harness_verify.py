@@ -11,7 +11,6 @@ from benchmarks import harness, verification
 from benchmarks.evaluation import evaluate
 from benchmarks.records import VERIFY_COLUMNS, collect
 from benchmarks.suites import RunSpec
-from neuraldbg.verify import fit as F
 from neuraldbg.verify import likelihoods as L
 
 
@@ -51,14 +50,21 @@ def test_scores_before_and_after_and_report_section(verified):
     assert goals.loc["median extra steps per run <= 60", "verdict"] == "PASS"
 
 
-def test_fit_from_the_records(verified):
+def test_fit_from_the_records(verified, tmp_path, capsys):
+    from neuraldbg import cli
+
     out, _ = verified
-    data = F.fit_file([out])
+    assert cli.main(["tune-verification", "--runs", str(out), "--out", str(tmp_path / "v.json")]) == 0
+    assert "tests from 1 folder(s)" in capsys.readouterr().out
+    data = json.loads((tmp_path / "v.json").read_text())
+    assert cli.main(["tune-verification", "--runs", str(tmp_path)]) == 1  # no records there
+    assert capsys.readouterr().err.startswith("neuraldbg: error: no records in ")
     assert data["provenance"]["tests"] > 0 and set(data["fitted"]) == {"default", "mlp"}
     k, n = data["counts"]["mlp"]["learning_rate/too_high|learning_rate/too_high"]
     assert (k, n) == (1, 1)
     row = data["fitted"]["mlp"]["learning_rate/too_high"]
-    assert row["learning_rate/too_high"] > L.load()["hand_set"]["learning_rate/too_high"]["learning_rate/too_high"] - 1e-9
+    hand = L.load()["hand_set"]["learning_rate/too_high"]["learning_rate/too_high"]
+    assert row["learning_rate/too_high"] > hand - 1e-9
 
 
 def test_verify_flag_validates_budgets():

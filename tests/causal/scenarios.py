@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 
 from neuraldbg.events.base import ACTIVATION, DATA, GRADIENT, OPTIMIZER, Event, make_event
-from neuraldbg.trace import LayerInfo, LossSummary, Trace
+from neuraldbg.trace import LayerInfo, Trace
+from tests.tiny import loss_summary, make_trace  # noqa: F401  (loss_summary: re-exported for the tests)
 
 STEPS = 60
 
@@ -24,16 +25,6 @@ def mlp_layers(depth: int = 3, act: str = "ReLU", width: int = 64) -> tuple[Laye
     return tuple(out)
 
 
-def loss_summary(values: list[float], first_step: int = 0) -> LossSummary:
-    """A :class:`LossSummary` of one loss per step."""
-    finite = [v for v in values if math.isfinite(v)]
-    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
-    return LossSummary(n=len(values), first=values[0] if values else None, last=values[-1] if values else None,
-                       min=min(finite) if finite else None, n_nonfinite=len(bad),
-                       first_nonfinite_step=first_step + bad[0] if bad else None,
-                       history=tuple((first_step + i, v) for i, v in enumerate(values)))
-
-
 def decreasing(n: int = STEPS, start: float = 0.71, end: float = 0.05) -> list[float]:
     """A healthy, noisy-free exponential decrease."""
     return [start * (end / start) ** (i / (n - 1)) for i in range(n)]
@@ -44,12 +35,10 @@ def flat(n: int = STEPS, level: float = 0.693) -> list[float]:
     return [level * (1 + 0.003 * math.sin(i)) for i in range(n)]
 
 
-def trace(events, layers=None, losses=None, family: str = "mlp", steps: int = STEPS, meta=()) -> Trace:
-    """A trace over ``steps`` steps from step 0."""
-    layers = mlp_layers() if layers is None else layers
-    loss = loss_summary(losses) if losses is not None else LossSummary()
-    return Trace(events=tuple(sorted(events, key=lambda e: (e.step, e.layer or ""))), layers=tuple(layers),
-                 family=family, first_step=0, last_step=steps - 1, loss=loss, meta=tuple(meta))
+def trace(events, layers=None, losses=None, family: str = "mlp", steps: int = STEPS, sigs=None) -> Trace:
+    """A trace over ``steps`` steps from step 0; ``sigs``: signatures by declared name."""
+    return make_trace(events, mlp_layers() if layers is None else layers, losses, family=family, steps=steps,
+                      sigs=dict(sigs or {}))
 
 
 def grad(kind: str, layer: str, step: int, end: int | None = None, **values: float) -> Event:

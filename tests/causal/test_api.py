@@ -9,10 +9,9 @@ import time
 import pytest
 
 from neuraldbg.causal import api
-from neuraldbg.causal.types import Posterior
 from neuraldbg.causal.priors import PriorError, load_priors
+from neuraldbg.causal.types import Posterior
 from neuraldbg.trace import Trace
-
 from scenarios import SCENARIOS, healthy, lr_too_high
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -22,7 +21,7 @@ def test_posterior_contract():
     post = api.posterior(lr_too_high())
     assert isinstance(post, Posterior) and isinstance(post, dict)
     assert set(post) == {"learning_rate", "initialization", "data", "architecture", "healthy"}
-    for v, d in post.items():
+    for d in post.values():
         assert sum(d.values()) == pytest.approx(1.0, abs=1e-12)
     assert "ok" in post["learning_rate"]
     assert post["healthy"]["yes"] == post.p_healthy

@@ -10,7 +10,10 @@ from neuraldbg.causal import structure as S
 from neuraldbg.causal.compiled import CompiledNetwork, ImpossibleEvidence
 from neuraldbg.causal.cpd import Cpd, build_cpds
 from neuraldbg.causal.priors import load_priors
+from neuraldbg.causal.structure import default_network
 from neuraldbg.vocab import FAMILIES
+
+NET = default_network()
 
 
 @functools.lru_cache(maxsize=None)
@@ -22,12 +25,12 @@ def net_for(family="mlp", temperature=1.0, hand_set=False):
         from neuraldbg.fit import hand_set_base
 
         pri = hand_set_base(pri)
-    return CompiledNetwork(build_cpds(pri.roots, pri.cpds), temperature=temperature)
+    return CompiledNetwork(build_cpds(pri.roots, pri.cpds, NET), NET, temperature=temperature)
 
 
 evidence_st = st.dictionaries(
-    st.sampled_from(S.EVIDENCE_NAMES), st.integers(min_value=0, max_value=10)
-).map(lambda d: {k: S.states_of(k)[i % len(S.states_of(k))] for k, i in d.items()})
+    st.sampled_from(NET.evidence_names), st.integers(min_value=0, max_value=10)
+).map(lambda d: {k: NET.states_of(k)[i % len(NET.states_of(k))] for k, i in d.items()})
 
 
 @settings(max_examples=200, deadline=None)
@@ -52,15 +55,15 @@ def test_no_evidence_gives_the_priors():
 
 
 @settings(max_examples=50, deadline=None)
-@given(evidence=evidence_st, var=st.sampled_from(S.EVIDENCE_NAMES))
+@given(evidence=evidence_st, var=st.sampled_from(NET.evidence_names))
 def test_unobserved_is_marginalized_not_absent(evidence, var):
     # observing nothing about var equals averaging over its states with their predictive weights
     net = net_for()
     evidence.pop(var, None)
     base = net.root_joint_posterior(evidence)
-    both = net.root_joint_posterior({**evidence, var: S.states_of(var)})
+    both = net.root_joint_posterior({**evidence, var: NET.states_of(var)})
     np.testing.assert_allclose(base, both, atol=1e-12)
-    absent = net.root_joint_posterior({**evidence, var: S.states_of(var)[0]})
+    absent = net.root_joint_posterior({**evidence, var: NET.states_of(var)[0]})
     # (observing the normal state is evidence; it is not what "unobserved" means)
     assert not np.allclose(base, absent, atol=1e-6) or var == "order"
 
@@ -118,7 +121,7 @@ def test_temperature_flattens_the_posterior():
     prior = load_priors("mlp").roots["learning_rate"]["too_high"]
     assert prior < soft < sharp
     with pytest.raises(ValueError, match="temperature"):
-        CompiledNetwork(build_cpds(load_priors().roots), temperature=0)
+        CompiledNetwork(build_cpds(load_priors().roots, None, NET), NET, temperature=0)
 
 
 def test_bad_evidence_names_and_states_are_rejected_clearly():
@@ -133,13 +136,13 @@ def test_bad_evidence_names_and_states_are_rejected_clearly():
 
 def test_zero_probability_evidence_raises():
     pri = load_priors()
-    cpds = build_cpds(pri.roots)
+    cpds = build_cpds(pri.roots, None, NET)
     c = cpds["depth_risk"]
     vals = np.zeros_like(c.values)
     vals[0] = 1.0  # a fitted table that never produces deep stacks
     cpds["depth_risk"] = Cpd(c.name, c.states, c.parents, vals)
     with pytest.raises(ImpossibleEvidence):
-        CompiledNetwork(cpds).posterior({"depth_risk": "deep"})
+        CompiledNetwork(cpds, NET).posterior({"depth_risk": "deep"})
 
 
 def test_likelihood_ratio_matches_direct_computation():

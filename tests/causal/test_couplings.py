@@ -5,7 +5,6 @@ import pytest
 
 from neuraldbg.causal import couplings as C
 from neuraldbg.causal.api import couplings
-
 from scenarios import act, grad, loss_event, mlp_layers, trace
 
 

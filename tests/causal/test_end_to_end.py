@@ -3,15 +3,41 @@
 Each run trains a small MLP for 60 steps on a synthetic classification task under
 ``NeuralDbg`` and checks the top hypothesis (or ``P(healthy)``) against the injected fault.
 """
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch import nn
 
 from neuraldbg import NeuralDbg
+from neuraldbg.faults import Injection, corrupt_rows, rescale
 
 STEPS = 60
 ONSET = 30  # mid-run faults fire here, after a healthy warm-up
 SEEDS = (0, 1, 2)
+MLP = SimpleNamespace(name="mlp")  # the one architecture these faults apply to
+
+
+def _scale_all(gain):
+    def hook(model, lr, trainer):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(gain)
+    return hook
+
+
+#: the faults, as the shared records (neuraldbg/faults.py); ``config`` maps the learning rate
+FAULTS = {inj.name: inj for inj in (
+    Injection("healthy", ("mlp",), None, "no fault", onset_frac=None),
+    Injection("lr_x1000", ("mlp",), ("learning_rate", "too_high"), "lr x1000", config=lambda lr: lr * 1000),
+    Injection("init_x1e-3", ("mlp",), ("initialization", "too_small"), "parameters x1e-3", model=_scale_all(1e-3)),
+    Injection("init_x30", ("mlp",), ("initialization", "too_large"), "parameters x30", model=_scale_all(30.0)),
+    Injection("nan_batch", ("mlp",), ("data", "corrupted"), "NaN in a quarter of one batch", onset_frac=0.5,
+              batch=lambda b, step, inj: (corrupt_rows(b[0], float("nan")), b[1]), one_shot=True),
+    Injection("inputs_x1000", ("mlp",), ("data", "shifted"), "inputs x1000 from the onset", onset_frac=0.5,
+              batch=lambda b, step, inj: (rescale(b[0]), b[1])),
+    Injection("sigmoid20", ("mlp",), ("architecture", "unstable"), "a 20-layer sigmoid stack"),
+)}
 
 
 def _data(seed: int, n: int = 512, d: int = 20):
@@ -34,26 +60,18 @@ def train(scenario: str, seed: int):
     """Train one run with the scenario's fault injected; return the monitor."""
     torch.set_num_threads(1)
     torch.manual_seed(seed)
+    inj = FAULTS[scenario].bind(MLP, STEPS)
     x, y = _data(seed)
     model = _mlp(20, 32, nn.Sigmoid) if scenario == "sigmoid20" else _mlp(3, 64, nn.ReLU)
-    lr = 0.05 * (1000 if scenario == "lr_x1000" else 1)
-    scale = {"init_x1e-3": 1e-3, "init_x30": 30.0}.get(scenario)
-    if scale is not None:
-        with torch.no_grad():
-            for p in model.parameters():
-                p.mul_(scale)
+    lr = inj.apply_config(0.05)
+    inj.apply_model(model, lr)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     g = torch.Generator().manual_seed(1000 + seed)
     with NeuralDbg(model, family="mlp", optimizer=opt) as dbg:
         for step in range(STEPS):
             idx = torch.randint(0, len(x), (64,), generator=g)
-            xb, yb = x[idx], y[idx]
-            if scenario == "nan_batch" and step == ONSET:
-                xb = xb.clone()
-                xb[:16] = float("nan")
-            if scenario == "inputs_x1000" and step >= ONSET:
-                xb = xb * 1000.0
+            xb, yb = inj.apply_batch((x[idx], y[idx]), step)
             opt.zero_grad()
             loss = loss_fn(model(xb), yb)
             loss.backward()
@@ -62,14 +80,7 @@ def train(scenario: str, seed: int):
     return dbg
 
 
-EXPECTED = {
-    "lr_x1000": ("learning_rate", "too_high"),
-    "init_x1e-3": ("initialization", "too_small"),
-    "init_x30": ("initialization", "too_large"),
-    "nan_batch": ("data", "corrupted"),
-    "inputs_x1000": ("data", "shifted"),
-    "sigmoid20": ("architecture", "unstable"),
-}
+EXPECTED = {name: inj.truth for name, inj in FAULTS.items() if inj.truth is not None}
 
 
 @pytest.mark.parametrize("seed", SEEDS)

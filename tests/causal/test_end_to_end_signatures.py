@@ -121,22 +121,22 @@ def test_healthy_everyday_model_stays_quiet(seed):
 @pytest.mark.parametrize("seed", SEEDS)
 def test_lr_1e8_with_adam_is_a_too_low_learning_rate(seed):
     dbg = run(seed, lr=1e-8)
-    assert dbg.signatures()["step_ratio_max"] < 1e-4
+    assert dbg.signatures().as_dict()["step_ratio_max"] < 1e-4
     assert top(dbg) == ("learning_rate", "too_low")
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_weights_x100_under_layernorm_are_a_too_large_init(seed):
     dbg = run(seed, gain=100.0)
-    assert dbg.signatures()["init_scale_log10"] > 1.5
+    assert dbg.signatures().as_dict()["init_scale_log10"] > 1.5
     assert top(dbg) == ("initialization", "too_large")
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_zero_init_adapters_are_healthy(seed):
     dbg = run(seed, adapters=True)
-    assert dbg.signatures()["init_scale_n"] > 0  # B is left out, A and the base are measured
-    assert dbg.signatures()["adapter_n"] == 2 and dbg.signatures()["adapter_ratio"] == 0.0
+    assert dbg.signatures().as_dict()["init_scale_n"] > 0  # B is left out, A and the base are measured
+    assert dbg.signatures().as_dict()["adapter_n"] == 2 and dbg.signatures().as_dict()["adapter_ratio"] == 0.0
     assert top(dbg) not in (("initialization", "too_small"), ("architecture", "unstable"))
     assert dbg.posterior().p_healthy > 0.5, dbg.get_causal_hypotheses()
 
@@ -146,8 +146,8 @@ def test_adapters_that_start_nonzero_are_a_too_large_init(seed):
     """LoRA's B drawn N(0, 1) instead of zero: the base weights are all in their reference
     band, only the adapters' starting size ||B A|| / ||W|| tells."""
     dbg = run(seed, adapters=True, b_std=1.0)
-    assert abs(dbg.signatures()["init_scale_log10"]) < 0.5
-    assert dbg.signatures()["adapter_ratio"] > 0.5
+    assert abs(dbg.signatures().as_dict()["init_scale_log10"]) < 0.5
+    assert dbg.signatures().as_dict()["adapter_ratio"] > 0.5
     assert top(dbg) == ("initialization", "too_large"), dbg.get_causal_hypotheses()
 
 

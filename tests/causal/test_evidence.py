@@ -4,10 +4,14 @@ import dataclasses
 import pytest
 
 from neuraldbg.causal import evidence as E
-from neuraldbg.trace import LayerInfo, LossSummary, Trace
-
-from scenarios import (SCENARIOS, act, data, decreasing, flat, grad, loss_event, loss_summary, mlp_layers,
-                       nan_inside, nan_sudden, trace)
+from neuraldbg.causal.nodes import data as data_nodes
+from neuraldbg.causal.nodes import depth, layers
+from neuraldbg.causal.nodes import loss as L
+from neuraldbg.causal.view import INIT_STEPS
+from neuraldbg.trace import LayerInfo, Trace
+from scenarios import (SCENARIOS, act, data, decreasing, flat, grad, loss_event, mlp_layers, nan_inside, nan_sudden,
+                       trace)
+from tests.tiny import signatures
 
 
 def obs(tr):
@@ -55,16 +59,16 @@ def test_absence_is_evidence_only_where_a_detector_watched():
 
 def test_onset_phase_cut_is_the_first_checked_step():
     assert obs(trace([grad("exploding", "2", 0)]))["exploding"] == "init"
-    assert obs(trace([grad("exploding", "2", E.INIT_STEPS)]))["exploding"] == "later"
+    assert obs(trace([grad("exploding", "2", INIT_STEPS)]))["exploding"] == "later"
     late_start = dataclasses.replace(trace([grad("exploding", "2", 100)]), first_step=100, last_step=160)
     assert obs(late_start)["exploding"] == "init"
-    every = dataclasses.replace(trace([grad("exploding", "2", 4)]), meta=(("every", 5),))
+    every = dataclasses.replace(trace([grad("exploding", "2", 4)]), signatures=signatures({"every": 5}))
     assert obs(every)["exploding"] == "init"  # the first checked step when checking every 5
 
 
 def test_vanishing_signal_scale_cut():
-    small = trace([grad("vanishing", "0", 0, out_rms=E.SMALL_SIGNAL / 10)])
-    normal = trace([grad("vanishing", "0", 0, out_rms=E.SMALL_SIGNAL * 10)])
+    small = trace([grad("vanishing", "0", 0, out_rms=layers.SMALL_SIGNAL / 10)])
+    normal = trace([grad("vanishing", "0", 0, out_rms=layers.SMALL_SIGNAL * 10)])
     unknown = trace([grad("vanishing", "0", 0)])
     assert obs(small)["vanishing"] == "init_uniform"
     assert obs(normal)["vanishing"] == "init_depth"
@@ -108,7 +112,7 @@ def test_nan_origin_reads_at_input_flag_then_layer_position():
 def test_nan_inside_after_instability_vs_sudden():
     assert obs(nan_inside())["data_nan"] == "inside_after"
     assert obs(nan_sudden())["data_nan"] == "inside_sudden"
-    stale = trace([grad("exploding", "2", 3, 5), data("nan", "2", 5 + E.SUDDEN_WINDOW + 1, at_input=0.0)])
+    stale = trace([grad("exploding", "2", 3, 5), data("nan", "2", 5 + data_nodes.SUDDEN_WINDOW + 1, at_input=0.0)])
     assert obs(stale)["data_nan"] == "inside_sudden"  # growth long gone is not the cause
 
 
@@ -133,29 +137,29 @@ def test_shift_at_input_vs_inside():
     (decreasing(), [loss_event("spike", 30), loss_event("divergence", 40)], "divergence"),
     (decreasing(30) + [float("nan")] * 30, [], "nonfinite"),
     (decreasing(), [loss_event("divergence", 40, nonfinite=1.0)], "nonfinite"),
-    (decreasing(10), [], E.CALM_LOSS),  # too short to tell progress
+    (decreasing(10), [], L.CALM_LOSS),  # too short to tell progress
 ])
 def test_loss_pattern(losses, events, expected):
     assert obs(trace(events, losses=losses))["loss_pattern"] == expected
 
 
 def test_loss_progress_is_not_evidence_for_adversarial_families():
-    assert obs(trace([], losses=flat(), family="gan"))["loss_pattern"] == E.CALM_LOSS
+    assert obs(trace([], losses=flat(), family="gan"))["loss_pattern"] == L.CALM_LOSS
 
 
 def test_game_swings_are_not_instability_but_a_runaway_loss_is():
     """Regression: healthy GAN/RL runs raise spike and divergence events from the game's own
     swings; only a loss that leaves GAME_BAND x its start is a blow-up."""
     swinging = [1.0, 2.0] * 30  # 2x swings: the game
-    assert obs(trace([loss_event("spike", 9)], losses=swinging, family="rl"))["loss_pattern"] == E.CALM_LOSS
-    assert obs(trace([loss_event("divergence", 9)], losses=swinging, family="gan"))["loss_pattern"] == E.CALM_LOSS
+    assert obs(trace([loss_event("spike", 9)], losses=swinging, family="rl"))["loss_pattern"] == L.CALM_LOSS
+    assert obs(trace([loss_event("divergence", 9)], losses=swinging, family="gan"))["loss_pattern"] == L.CALM_LOSS
     runaway = [1.0] * 30 + [10.0 ** (i / 5) for i in range(30)]  # up to ~1e6x, no event raised
     assert obs(trace([], losses=runaway, family="gan"))["loss_pattern"] == "divergence"
-    just_inside = [1.0] * 30 + [E.GAME_BAND * 0.9] * 30
-    assert obs(trace([], losses=just_inside, family="gan"))["loss_pattern"] == E.CALM_LOSS
-    assert E.loss_rise(trace([], losses=[2.0] * 20 + [100.0] + [2.0] * 19)) == pytest.approx(50.0)
+    just_inside = [1.0] * 30 + [L.GAME_BAND * 0.9] * 30
+    assert obs(trace([], losses=just_inside, family="gan"))["loss_pattern"] == L.CALM_LOSS
+    assert L.loss_rise(trace([], losses=[2.0] * 20 + [100.0] + [2.0] * 19)) == pytest.approx(50.0)
     # too few finite points: the band cannot be read
-    assert E.loss_rise(trace([], losses=[1.0, float("nan")] * 4)) is None
+    assert L.loss_rise(trace([], losses=[1.0, float("nan")] * 4)) is None
 
 
 def test_loss_start():
@@ -176,12 +180,12 @@ def test_order_needs_both_exploding_and_loss_instability():
 
 
 def test_depth_risk_cut_points():
-    assert E.depth_risk(trace([], layers=mlp_layers(3, "Sigmoid"))) == "low"
-    assert E.depth_risk(trace([], layers=mlp_layers(E.SATURATING_DEPTH + 1, "Tanh"))) == "deep_saturating"
-    assert E.depth_risk(trace([], layers=mlp_layers(E.DEEP_LAYERS, "ReLU"))) == "deep"
-    normed = mlp_layers(E.DEEP_LAYERS, "ReLU") + (LayerInfo("ln", "LayerNorm", 99, 128),)
-    assert E.depth_risk(trace([], layers=normed)) == "low"
-    assert E.depth_risk(Trace(events=(), layers=(), family="mlp")) is None
+    assert depth.depth_risk_state(trace([], layers=mlp_layers(3, "Sigmoid"))) == "low"
+    assert depth.depth_risk_state(trace([], layers=mlp_layers(depth.SATURATING_DEPTH + 1, "Tanh"))) == "deep_saturating"
+    assert depth.depth_risk_state(trace([], layers=mlp_layers(depth.DEEP_LAYERS, "ReLU"))) == "deep"
+    normed = mlp_layers(depth.DEEP_LAYERS, "ReLU") + (LayerInfo("ln", "LayerNorm", 99, 128),)
+    assert depth.depth_risk_state(trace([], layers=normed)) == "low"
+    assert depth.depth_risk_state(Trace(events=(), layers=(), family="mlp")) is None
 
 
 def test_notes_explain_each_observation():

@@ -8,8 +8,8 @@ from neuraldbg.causal import api
 from neuraldbg.causal.hypotheses import REPORT_FLOOR
 from neuraldbg.causal.types import Hypothesis
 from neuraldbg.events.base import FAILURE_TYPES
-
 from scenarios import SCENARIOS, decreasing, grad, loss_event, nan_batch, nan_inside, nan_sudden, trace
+from tests.tiny import signatures
 
 
 @pytest.mark.parametrize("name", [n for n, (_, truth) in SCENARIOS.items() if truth is not None])
@@ -90,7 +90,7 @@ def test_suggested_fixes_are_specific(name, needle):
 
 
 def test_fix_quotes_the_learning_rate_when_known():
-    tr = dataclasses.replace(SCENARIOS["lr_too_high"][0](), meta=(("lr", (50.0,)),))
+    tr = dataclasses.replace(SCENARIOS["lr_too_high"][0](), signatures=signatures({"lr": (50.0,)}))
     assert "currently 50" in api.hypotheses(tr)[0].suggested_fix
 
 
@@ -157,9 +157,9 @@ def test_a_data_fault_does_not_claim_events_before_it_entered():
 def test_a_forgotten_reference_is_named_in_the_sentence_and_the_fix():
     """A fine-tune that learns its task (no event, a falling loss) while its reference loss rises
     halfway to chance: the hypothesis says so, not 'first seen in the loss at an unknown step'."""
-    meta = (("lr", (0.05,)), ("out_features", 28), ("reference_first", 0.94), ("reference_n", 16),
-            ("reference_tail", 2.4), ("step_ratio_peak", 0.15))
-    top = api.hypotheses(trace([], losses=decreasing(), family="lora", meta=meta))[0]
+    sigs = (("lr", (0.05,)), ("out_features", 28), ("reference_first", 0.94), ("reference_n", 16),
+            ("reference_tail", 2.4), ("step_ratio_median", 0.15))
+    top = api.hypotheses(trace([], losses=decreasing(), family="lora", sigs=sigs))[0]
     assert (top.cause, top.state) == ("learning_rate", "too_high")
     assert "forgot its reference task" in top.description and "61% of its margin" in top.description
     assert "overwrite what the model knew" in top.suggested_fix and "(currently 0.05)" in top.suggested_fix

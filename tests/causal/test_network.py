@@ -11,25 +11,28 @@ from neuraldbg.causal.compiled import CompiledNetwork
 from neuraldbg.causal.cpd import build_cpds
 from neuraldbg.causal.network import build_model, cpds_from_model, reference_posterior, to_tabular
 from neuraldbg.causal.priors import load_priors, validate
+from neuraldbg.causal.structure import default_network
 from neuraldbg.vocab import FAMILIES
+
+NET = default_network()
 
 
 @functools.lru_cache(maxsize=None)
 def _pair(family):
     pri = load_priors(family)
-    cpds = build_cpds(pri.roots, pri.cpds)
-    return build_model(cpds), CompiledNetwork(cpds), cpds
+    cpds = build_cpds(pri.roots, pri.cpds, NET)
+    return build_model(cpds, NET), CompiledNetwork(cpds, NET), cpds
 
 
 evidence_st = st.dictionaries(
-    st.sampled_from(S.EVIDENCE_NAMES), st.integers(min_value=0, max_value=10), max_size=len(S.EVIDENCE_NAMES)
-).map(lambda d: {k: S.states_of(k)[i % len(S.states_of(k))] for k, i in d.items()})
+    st.sampled_from(NET.evidence_names), st.integers(min_value=0, max_value=10), max_size=len(NET.evidence_names)
+).map(lambda d: {k: NET.states_of(k)[i % len(NET.states_of(k))] for k, i in d.items()})
 
 
 def test_model_passes_pgmpy_and_strict_checks():
     model, _, _ = _pair("mlp")
     assert model.check_model()
-    assert set(model.latents) == set(S.LATENT_NAMES)
+    assert set(model.latents) == set(NET.latent_names)
     for tab in model.get_cpds():
         assert list(tab.variables[1:]) == sorted(tab.variables[1:])
         np.testing.assert_allclose(tab.get_values().sum(axis=0), 1.0, atol=1e-9)
@@ -43,7 +46,7 @@ def test_build_model_rejects_column_sums_pgmpy_tolerates():
     vals[0, 0] -= 0.005  # column sums to 0.995: inside pgmpy's 0.01 tolerance
     bad["depth_risk"] = type(c)(c.name, c.states, c.parents, vals)
     with pytest.raises(ValueError, match="depth_risk"):
-        build_model(bad)
+        build_model(bad, NET)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -51,7 +54,7 @@ def test_build_model_rejects_column_sums_pgmpy_tolerates():
 def test_enumeration_equals_variable_elimination(family, evidence):
     model, net, _ = _pair(family)
     marg, p_ok = net.posterior(evidence)
-    ref, ref_ok = reference_posterior(model, evidence)
+    ref, ref_ok = reference_posterior(model, evidence, NET)
     for v in S.ROOTS:
         for s in S.ROOTS[v]:
             assert abs(marg[v][s] - ref[v][s]) <= 1e-9, (v, s)
@@ -59,11 +62,11 @@ def test_enumeration_equals_variable_elimination(family, evidence):
 
 
 @settings(max_examples=15, deadline=None)
-@given(evidence=evidence_st, var=st.sampled_from(S.EVIDENCE_NAMES), data=st.data())
+@given(evidence=evidence_st, var=st.sampled_from(NET.evidence_names), data=st.data())
 def test_partial_observation_equals_pgmpy_disjunction(evidence, var, data):
     model, net, _ = _pair("transformer")
     evidence.pop(var, None)
-    states = S.states_of(var)
+    states = NET.states_of(var)
     allowed = data.draw(st.lists(st.sampled_from(states), min_size=1, max_size=len(states), unique=True))
     marg, _ = net.posterior({**evidence, var: tuple(allowed)})
     # reference: P(root, var in allowed | rest) summed from pgmpy's joint with var as a query
@@ -79,19 +82,19 @@ def test_partial_observation_equals_pgmpy_disjunction(evidence, var, data):
 
 def test_cpds_from_model_round_trips_through_a_prior_file():
     model, net, cpds = _pair("gnn")
-    section = cpds_from_model(model)
-    assert set(section) == set(S.NODE_BY_NAME)
+    section = cpds_from_model(model, NET)
+    assert set(section) == set(NET.node_by_name)
     pri = load_priors("gnn")
     doc = pri.to_dict()
     doc["cpds"] = section
     again = validate(doc, source="<fitted>")
-    rebuilt = CompiledNetwork(build_cpds(again.roots, again.cpds))
+    rebuilt = CompiledNetwork(build_cpds(again.roots, again.cpds, NET), NET)
     ev = {"exploding": "later", "loss_pattern": "divergence"}
     assert rebuilt.posterior(ev)[1] == pytest.approx(net.posterior(ev)[1], abs=1e-12)
 
 
 def test_to_tabular_keeps_state_names():
     _, _, cpds = _pair("mlp")
-    tab = to_tabular(cpds["loss_pattern"])
-    assert tab.state_names["loss_pattern"] == list(S.states_of("loss_pattern"))
+    tab = to_tabular(cpds["loss_pattern"], NET)
+    assert tab.state_names["loss_pattern"] == list(NET.states_of("loss_pattern"))
     assert tab.variables[1:] == sorted(tab.variables[1:])

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from neuraldbg.causal.structure import NODE_BY_NAME, ROOTS
 from neuraldbg.causal.priors import SCHEMA_VERSION, PriorError, Priors, load_priors, read, validate
+from neuraldbg.causal.structure import ROOTS, default_network
 from neuraldbg.vocab import FAMILIES
 
 
@@ -75,14 +75,18 @@ def _bad(mutate):
 
 
 @pytest.mark.parametrize("mutate,message", [
-    (lambda d: d.update(schema_version=2), "schema_version 2 is not supported; this neuraldbg reads schema_version 1"),
+    (lambda d: d.update(schema_version=3), "schema_version 3 is not supported; this neuraldbg reads schema_version 2"),
+    (lambda d: d.update(network="0" * 40), "network: written for network 0000000000000000000000000000000000000000; "
+                                           "this NeuralDBG diagnoses with network [0-9a-f]{40}"),
+    (lambda d: d.pop("network"), "network: written for a network it does not record"),
     (lambda d: d.pop("schema_version"), "schema_version None"),
     (lambda d: d.update(family="vit"), "family 'vit' is not valid; valid: mlp"),
     (lambda d: d.update(root={}), r"unknown keys \['root'\]"),
     (lambda d: d.pop("roots"), "missing 'roots'"),
     (lambda d: d["roots"].pop("data"), r"missing \['data'\]"),
     (lambda d: d["roots"].update(optimizer={"ok": 1.0}), r"unknown \['optimizer'\]"),
-    (lambda d: d["roots"]["learning_rate"].update(huge=0.0), r"roots.learning_rate: states .* valid: \['ok', 'too_high', 'too_low'\]"),
+    (lambda d: d["roots"]["learning_rate"].update(huge=0.0),
+     r"roots.learning_rate: states .* valid: \['ok', 'too_high', 'too_low'\]"),
     (lambda d: d["roots"]["data"].pop("shifted"), r"roots.data: states"),
     (lambda d: d["roots"]["data"].update(ok=0.5), r"roots.data: probabilities sum to 0.59"),
     (lambda d: d["roots"]["architecture"].update(ok=1.0, unstable=0.0), "strictly between 0 and 1"),
@@ -147,4 +151,4 @@ def test_shipped_files_are_package_data():
     for fam in FAMILIES:
         with open(os.path.join(here, f"{fam}.json")) as f:
             assert json.load(f)["schema_version"] == SCHEMA_VERSION
-    assert "depth_risk" in NODE_BY_NAME
+    assert "depth_risk" in default_network().node_by_name

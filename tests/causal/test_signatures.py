@@ -5,23 +5,19 @@ import math
 
 import pytest
 
-from neuraldbg.causal import signatures as G
 from neuraldbg.causal.evidence import extract
+from neuraldbg.causal.nodes import causes as G
+from neuraldbg.causal.nodes.data import back_to_chance
 from neuraldbg.events.base import DATA, GRADIENT, OPTIMIZER, make_event
-from neuraldbg.trace import LayerInfo, LossSummary, Trace
+from neuraldbg.trace import LayerInfo
+from tests.tiny import make_trace
 
 LAYERS = (LayerInfo("fc1", "Linear", 0, 10), LayerInfo("act", "ReLU", 1, 0), LayerInfo("fc2", "Linear", 2, 10))
 
 
-def trace(losses=(), meta=None, events=(), family="mlp", nonfinite_step=None):
-    hist = tuple(enumerate(losses))
-    finite = [v for v in losses if math.isfinite(v)]
-    loss = LossSummary(n=len(losses), first=losses[0] if losses else None, last=losses[-1] if losses else None,
-                       min=min(finite) if finite else None,
-                       n_nonfinite=sum(not math.isfinite(v) for v in losses),
-                       first_nonfinite_step=nonfinite_step, history=hist)
-    return Trace(events=tuple(events), layers=LAYERS, family=family, first_step=0,
-                 last_step=max(len(losses) - 1, 0), loss=loss, meta=tuple(sorted((meta or {}).items())))
+def trace(losses=(), sigs=None, events=(), family="mlp", nonfinite_step=None):
+    return make_trace(events, LAYERS, list(losses), family=family, sigs=sigs, nonfinite_step=nonfinite_step,
+                      steps=max(len(losses), 1))
 
 
 @pytest.mark.parametrize("ratio,state", [(None, None), (1e-8, "tiny"), (9.9e-5, "tiny"), (1e-4, "normal"),
@@ -40,14 +36,14 @@ def test_init_scale_cut_points(f, state):
 def test_back_to_chance_needs_learning_then_a_return():
     ref = math.log(10)
     learned_then_back = [ref] * 10 + [0.3 * ref] * 40 + [ref] * 20
-    assert G.back_to_chance(learned_then_back, ref)
-    assert not G.back_to_chance([ref * (1 - i / 100) for i in range(70)], ref)  # slow steady learning
-    assert not G.back_to_chance([ref] * 70, ref)  # never learned (lr too low): not a target fault
-    assert not G.back_to_chance([ref] * 10 + [0.3 * ref] * 60, ref)  # learned and stayed
+    assert back_to_chance(learned_then_back, ref)
+    assert not back_to_chance([ref * (1 - i / 100) for i in range(70)], ref)  # slow steady learning
+    assert not back_to_chance([ref] * 70, ref)  # never learned (lr too low): not a target fault
+    assert not back_to_chance([ref] * 10 + [0.3 * ref] * 60, ref)  # learned and stayed
     spike = [ref] * 10 + [0.3 * ref] * 30 + [2 * ref] + [0.3 * ref] * 29
-    assert not G.back_to_chance(spike, ref)  # one bad batch is not a return
+    assert not back_to_chance(spike, ref)  # one bad batch is not a return
     blown = [ref] * 10 + [0.3 * ref] * 40 + [40 * ref] * 20
-    assert not G.back_to_chance(blown, ref)  # far above chance: a blow-up, not a label fault
+    assert not back_to_chance(blown, ref)  # far above chance: a blow-up, not a label fault
 
 
 @pytest.mark.parametrize("first,state", [(2.3, "normal"), (0.5, "normal"), (3.1, "normal"), (9.0, "normal"),
@@ -55,16 +51,24 @@ def test_back_to_chance_needs_learning_then_a_return():
 def test_loss_start_against_chance_level(first, state):
     """ln 10 = 2.30: an untrained 10-way classifier starts there, a pre-trained one below, and
     one fine-tuned on a new distribution somewhat above it; 4x above is a blown-up forward pass."""
-    tr = trace(losses=[first] + [0.5] * 29, meta={"out_features": 10})
+    tr = trace(losses=[first] + [0.5] * 29, sigs={"out_features": 10})
     assert extract(tr).observed["loss_start"] == state
 
 
-def test_signatures_read_from_trace_meta():
-    tr = trace(losses=[2.3] * 30, meta={"step_ratio_peak": 2e-8, "init_scale_log10": 0.1, "out_features": 10})
+def test_signatures_read_from_the_trace():
+    tr = trace(losses=[2.3] * 30, sigs={"step_ratio_median": 2e-8, "init_scale_log10": 0.1, "out_features": 10})
     ev = extract(tr)
     assert ev.observed["step_size"] == "tiny" and ev.observed["init_scale"] == "normal"
     assert ev.observed["target_fault"] == "absent"
-    assert "peak update/weight ratio" in ev.notes["step_size"]
+    assert "update/weight ratio" in ev.notes["step_size"]
+
+
+def test_an_undeclared_signature_is_an_error():
+    """Regression: a misspelt signature name used to read as 'not measured'."""
+    with pytest.raises(KeyError, match="undeclared signature 'step_ratio_peek'"):
+        trace(losses=[2.3] * 30, sigs={"step_ratio_peek": 2e-8})
+    with pytest.raises(TypeError, match="read by their declaration"):
+        trace(losses=[2.3] * 30).signatures.number("step_ratio_median")
 
 
 def test_without_measurements_signatures_are_unobserved():
@@ -94,9 +98,9 @@ def test_nonfinite_loss_after_blow_up_is_not_a_target_fault():
 
 def test_loss_start_uses_chance_level_not_the_later_loss():
     fast = [math.log(10) * 1.1] + [0.01] * 40  # a fast learner: 200x drop, still starts at chance
-    assert extract(trace(losses=fast, meta={"out_features": 10})).observed["loss_start"] == "normal"
+    assert extract(trace(losses=fast, sigs={"out_features": 10})).observed["loss_start"] == "normal"
     blown = [80.0] + [0.5] * 40
-    assert extract(trace(losses=blown, meta={"out_features": 10})).observed["loss_start"] == "high"
+    assert extract(trace(losses=blown, sigs={"out_features": 10})).observed["loss_start"] == "high"
 
 
 def test_vanishing_on_an_improving_loss_is_not_evidence():
@@ -108,8 +112,9 @@ def test_vanishing_on_an_improving_loss_is_not_evidence():
     assert extract(trace(losses=stuck, events=[van])).observed["vanishing"] == "init_depth"
 
 
-@pytest.mark.parametrize("first,tail,chance,frac", [(1.0, 1.5, 3.0, 0.25), (1.0, 3.0, 3.0, 1.0), (1.0, 0.5, 3.0, -0.25),
-                                                    (1.0, 1.5, None, 0.5), (2.0, 3.0, 1.5, 0.5), (0.0, 1.0, None, None)])
+@pytest.mark.parametrize("first,tail,chance,frac", [(1.0, 1.5, 3.0, 0.25), (1.0, 3.0, 3.0, 1.0),
+                                                    (1.0, 0.5, 3.0, -0.25), (1.0, 1.5, None, 0.5),
+                                                    (2.0, 3.0, 1.5, 0.5), (0.0, 1.0, None, None)])
 def test_retention_fraction_is_the_share_of_the_margin_to_chance(first, tail, chance, frac):
     got = G.retention_fraction(first, tail, chance)
     assert got == (None if frac is None else pytest.approx(frac))
@@ -121,13 +126,13 @@ def test_retention_cut_points(frac, state):
     assert G.retention_state(frac) == state
 
 
-def test_retention_read_from_trace_meta():
+def test_retention_read_from_the_trace():
     """ln 28 = 3.33: a reference that went from 0.94 to 2.4 gave up 61% of its margin to chance
     (the zoo's LoRA fine-tune at a 50x step size); 0.94 to 1.36 (its healthy run) 18%."""
-    meta = {"out_features": 28, "reference_first": 0.94, "reference_n": 16}
-    lost = extract(trace(losses=[1.0] * 30, meta={**meta, "reference_tail": 2.4}))
+    sigs = {"out_features": 28, "reference_first": 0.94, "reference_n": 16}
+    lost = extract(trace(losses=[1.0] * 30, sigs={**sigs, "reference_tail": 2.4}))
     assert lost.observed["retention"] == "lost" and "61% of its margin to chance" in lost.notes["retention"]
-    assert extract(trace(losses=[1.0] * 30, meta={**meta, "reference_tail": 1.36})).observed["retention"] == "kept"
-    few = extract(trace(losses=[1.0] * 30, meta={**meta, "reference_n": 2, "reference_tail": 2.4}))
+    assert extract(trace(losses=[1.0] * 30, sigs={**sigs, "reference_tail": 1.36})).observed["retention"] == "kept"
+    few = extract(trace(losses=[1.0] * 30, sigs={**sigs, "reference_n": 2, "reference_tail": 2.4}))
     assert "retention" not in few.observed  # a start and one more value say nothing of a trend
-    assert "retention" not in extract(trace(losses=[1.0] * 30, meta=meta)).observed  # a non-finite tail
+    assert "retention" not in extract(trace(losses=[1.0] * 30, sigs=sigs)).observed  # a non-finite tail

@@ -2,6 +2,9 @@
 import pytest
 
 from neuraldbg.causal import structure as S
+from neuraldbg.causal.structure import default_network
+
+NET = default_network()
 
 
 def test_roots_match_api_md():
@@ -15,40 +18,69 @@ def test_roots_match_api_md():
 
 def test_every_node_has_sorted_known_parents_and_is_declared_after_them():
     seen = set(S.ROOTS)
-    for node in S.NODES:
+    for node in NET.nodes:
         assert list(node.parents) == sorted(node.parents)
         assert set(node.parents) <= seen, node.name
         seen.add(node.name)
 
 
 def test_latent_mechanism_carries_the_correlated_instability_symptoms():
-    children = {child for parent, child in S.edges() if parent == "instability"}
+    children = {child for parent, child in NET.edges() if parent == "instability"}
     assert {"exploding", "loss_pattern", "data_nan", "dead"} <= children
     # no root points straight at the exploding-gradient symptom except through a mechanism
     # (data=corrupted: non-finite gradients are a direct consequence, not instability)
-    assert {p for p, c in S.edges() if c == "exploding"} == {"data", "instability"}
+    assert {p for p, c in NET.edges() if c == "exploding"} == {"data", "instability"}
 
 
 def test_states_and_parents_lookup_errors_name_valid_variables():
-    assert S.states_of("data") == ("ok", "corrupted", "shifted")
-    assert S.parents_of("learning_rate") == ()
-    assert S.parents_of("loss_pattern") == ("data", "instability", "learning_rate", "signal_decay")
+    assert NET.states_of("data") == ("ok", "corrupted", "shifted")
+    assert NET.parents_of("learning_rate") == ()
+    assert NET.parents_of("loss_pattern") == ("data", "instability", "learning_rate", "signal_decay")
     with pytest.raises(KeyError, match="valid: .*learning_rate"):
-        S.states_of("nope")
+        NET.states_of("nope")
     with pytest.raises(KeyError):
-        S.parents_of("nope")
+        NET.parents_of("nope")
 
 
 def test_all_variables_partition():
-    allv = S.all_variables()
+    allv = NET.all_variables()
     assert len(allv) == len(set(allv))
-    assert set(allv) == set(S.ROOTS) | set(S.LATENT_NAMES) | set(S.EVIDENCE_NAMES)
-    assert set(S.LATENT_NAMES) == {"instability", "signal_decay"}
+    assert set(allv) == set(S.ROOTS) | set(NET.latent_names) | set(NET.evidence_names)
+    assert set(NET.latent_names) == {"instability", "signal_decay"}
 
 
 def test_normal_state_is_first_everywhere():
-    for node in S.NODES:
+    for node in NET.nodes:
         if isinstance(node, S.NoisyMax):
             assert node.states[0] not in node.leak
             for dist in node.effects.values():
                 assert node.states[0] not in dist
+
+
+def test_the_network_is_a_value_checked_on_construction():
+    nodes = NET.nodes
+    assert S.Network(nodes).fingerprint == NET.fingerprint  # the same structure, the same fingerprint
+    assert len(NET.fingerprint) == 40 and NET.evidence_names[0] == "exploding"
+    bare = S.NoisyMax("extra", ("absent", "present"), leak={"present": 0.1},
+                      effects={"data=corrupted": {"present": 0.5}})
+    with pytest.raises(ValueError, match="extra: an evidence node needs an extractor"):
+        S.Network(nodes + (bare,))
+    other = S.Network(nodes + (S.NoisyMax("extra", ("absent", "present"), leak={"present": 0.1},
+                                           effects={"data=corrupted": {"present": 0.5}},
+                                           extract=lambda view: None),))
+    assert other.fingerprint != NET.fingerprint and "extra" in other.evidence_names
+    with pytest.raises(ValueError, match="declared twice"):
+        S.Network(nodes + (nodes[-1],))
+    unsorted = S.Table("u", ("a", "b"), ("learning_rate", "data"), (({}, (0.5, 0.5)),), extract=lambda v: None)
+    with pytest.raises(ValueError, match="parents must be sorted"):
+        S.Network(nodes + (unsorted,))
+
+
+def test_every_evidence_node_reads_the_trace_and_says_why_not():
+    from neuraldbg.causal.evidence import extract
+    from neuraldbg.trace import Trace
+
+    ev = extract(Trace(events=(), layers=(), family="mlp"))
+    assert set(ev.observed) | set(ev.unobserved) == set(NET.evidence_names)
+    assert ev.unobserved["step_size"] == "no optimizer step was measured"
+    assert ev.unobserved["exploding"] == "no monitored layer owns parameters"

@@ -3,7 +3,7 @@ from neuraldbg.events.activation import ActivationRegimeDetector, Streak
 from neuraldbg.events.registry import DetectorContext
 from neuraldbg.events.stepstats import StepStats
 
-CTX = DetectorContext("mlp", ("relu",), (), "relu")
+CTX = DetectorContext("mlp", ("relu",), "relu")
 
 
 def test_streak():

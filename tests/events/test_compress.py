@@ -1,5 +1,6 @@
 """Collapsing and compression: properties (hypothesis) and hand cases."""
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from neuraldbg.events.base import ACTIVATION, DATA, GRADIENT, Event
 from neuraldbg.events.compress import EventLog, collapse, compress

@@ -5,7 +5,7 @@ from neuraldbg.events.data import DataAnomalyDetector, first_nonfinite_layer, sh
 from neuraldbg.events.registry import DetectorContext
 from neuraldbg.events.stepstats import StepStats
 
-CTX = DetectorContext("mlp", ("in", "mid", "out"), (), "in")
+CTX = DetectorContext("mlp", ("in", "mid", "out"), "in")
 
 
 def st(step, inputs=None, outs=None):

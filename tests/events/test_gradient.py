@@ -10,7 +10,7 @@ from neuraldbg.events.gradient import (GradientHealthDetector, exploding_growth,
 from neuraldbg.events.registry import DetectorContext
 from neuraldbg.events.stepstats import StepStats
 
-CTX = DetectorContext("mlp", ("a", "b", "c"), (), "a")
+CTX = DetectorContext("mlp", ("a", "b", "c"), "a")
 
 
 def test_vanishing_relative_and_absolute():

@@ -29,7 +29,7 @@ def test_relative_median_drop():
 
 
 def run(losses, family="mlp", **cfg):
-    det = LossInstabilityDetector(DetectorConfig(**cfg), DetectorContext(family, (), (), None))
+    det = LossInstabilityDetector(DetectorConfig(**cfg), DetectorContext(family, (), None))
     return [e for s, l in enumerate(losses) for e in det.update(StepStats(step=s, loss=l))]
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from neuraldbg.config import DetectorConfig
-from neuraldbg.events.tokens import (BIGRAM_BUCKETS, BUCKETS, UNIGRAM_BUCKETS, TokenShiftDetector,
-                                     histogram_distance, leave_one_out_distances, token_histogram)
+from neuraldbg.events.tokens import (BIGRAM_BUCKETS, BUCKETS, UNIGRAM_BUCKETS, TokenShiftDetector, histogram_distance,
+                                     leave_one_out_distances, token_histogram)
 
 
 def test_histogram_counts_unigrams_and_adjacent_pairs():

@@ -7,18 +7,19 @@ import math
 import numpy as np
 import pytest
 
+import neuraldbg.fit as T
 from neuraldbg import cli
 from neuraldbg.causal.calibration import sample
 from neuraldbg.causal.compiled import CompiledNetwork
 from neuraldbg.causal.cpd import Cpd, build_cpds
-from neuraldbg.causal.structure import EVIDENCE_NAMES, ROOT_NAMES, ROOTS, states_of
-from neuraldbg.events.base import DATA, OPTIMIZER, make_event
 from neuraldbg.causal.priors import PriorError, load_priors, read
+from neuraldbg.causal.structure import ROOT_NAMES, ROOTS, default_network
+from neuraldbg.events.base import DATA, OPTIMIZER, make_event
+from neuraldbg.fit.em import fitted_nodes
 from neuraldbg.session import export_trace
 from neuraldbg.trace import LayerInfo, LossSummary, Trace
 
-import neuraldbg.fit as T
-from neuraldbg.fit.em import FITTED_NODES
+NET = default_network()
 
 #: root priors that put every abnormal state in reach of a few thousand samples
 WIDE = {"learning_rate": {"ok": .5, "too_high": .25, "too_low": .25},
@@ -32,15 +33,15 @@ def _replace(cpds, name, values):
 
 
 def _runs(cpds, n, seed, family="mlp"):
-    truth, codes = sample(cpds, n, seed=seed)
+    truth, codes = sample(cpds, NET, n, seed=seed)
     return [T.Run(key=str(i), family=family, seed=i % 5,
                   truth={r: ROOTS[r][truth[r][i]] for r in ROOT_NAMES},
-                  evidence={e: states_of(e)[codes[i, j]] for j, e in enumerate(EVIDENCE_NAMES)})
+                  evidence={e: NET.states_of(e)[codes[i, j]] for j, e in enumerate(NET.evidence_names)})
             for i in range(len(codes))]
 
 
 def test_fit_recovers_known_cpds_within_sampling_error():
-    base = build_cpds(WIDE, load_priors("mlp").cpds)
+    base = build_cpds(WIDE, load_priors("mlp").cpds, NET)
     # the "true" world differs from the hand-set tables in an observed-parent table
     # (depth_risk) and in one hanging off a latent (loss_start: leak and the init effect)
     true = _replace(base, "depth_risk", [[0.80, 0.25], [0.15, 0.45], [0.05, 0.30]])
@@ -58,8 +59,8 @@ def test_fit_recovers_known_cpds_within_sampling_error():
         assert np.all(np.abs(p - q) < 4 * np.sqrt(p * (1 - p) / n) + 5 / n)
     # a latent-parent table: compare P(loss_start | roots), latents summed out (the
     # identifiable quantity), on every single-fault or healthy root configuration
-    got, want = CompiledNetwork(fitted).root_likelihood, CompiledNetwork(true).root_likelihood
-    net = CompiledNetwork(true)
+    got, want = CompiledNetwork(fitted, NET).root_likelihood, CompiledNetwork(true, NET).root_likelihood
+    net = CompiledNetwork(true, NET)
     counts = np.bincount([net.root_joint_index(r.truth) for r in runs], minlength=net.n_root_joint)
     for r in range(net.n_root_joint):
         if counts[r] < 150:
@@ -68,32 +69,33 @@ def test_fit_recovers_known_cpds_within_sampling_error():
         pg = got["loss_start"][r] / got["loss_start"][r].sum()
         assert abs(pw[1] - pg[1]) < 4 * math.sqrt(pw[1] * (1 - pw[1]) / counts[r]) + 0.01, r
     # and the fit moved the hand-set table toward the truth
-    hand = CompiledNetwork(base).root_likelihood["loss_start"]
+    hand = CompiledNetwork(base, NET).root_likelihood["loss_start"]
     rs = counts >= 150
-    err_fit = np.abs(got["loss_start"][rs, 1] / got["loss_start"][rs].sum(1) - want["loss_start"][rs, 1] / want["loss_start"][rs].sum(1))
-    err_hand = np.abs(hand[rs, 1] / hand[rs].sum(1) - want["loss_start"][rs, 1] / want["loss_start"][rs].sum(1))
+    target = want["loss_start"][rs, 1] / want["loss_start"][rs].sum(1)
+    err_fit = np.abs(got["loss_start"][rs, 1] / got["loss_start"][rs].sum(1) - target)
+    err_hand = np.abs(hand[rs, 1] / hand[rs].sum(1) - target)
     assert err_fit.mean() < 0.3 * err_hand.mean()
 
 
 def test_pgmpy_and_numpy_m_steps_agree():
-    base = build_cpds(WIDE, load_priors("mlp").cpds)
+    base = build_cpds(WIDE, load_priors("mlp").cpds, NET)
     runs = _runs(base, 300, seed=2)
     runs[0] = T.Run(key="partial", family="mlp", truth=runs[0].truth,
                     evidence={**runs[0].evidence, "loss_pattern": ("decreasing", "slow", "flat")})
     a, ia = T.fit_cpds(runs, base, ess=3, max_iter=4, engine="numpy")
     b, ib = T.fit_cpds(runs, base, ess=3, max_iter=4, engine="pgmpy")
     assert ia.iterations == ib.iterations
-    for name in FITTED_NODES:
+    for name in fitted_nodes(NET):
         np.testing.assert_allclose(a[name].values, b[name].values, atol=1e-12, err_msg=name)
 
 
 def test_unseen_parent_configurations_keep_their_prior_columns():
     pri = load_priors("mlp")
-    base = build_cpds(pri.roots, pri.cpds)
+    base = build_cpds(pri.roots, pri.cpds, NET)
     # only healthy and lr-too-high runs: no unstable architecture, never two faults at once
     roots = {v: {s: (1.0 if s == "ok" else 0.0) for s in ss} for v, ss in ROOTS.items()}
     roots["learning_rate"] = {"ok": 0.5, "too_high": 0.5, "too_low": 0.0}
-    runs = _runs(build_cpds(roots, pri.cpds), 400, seed=3)
+    runs = _runs(build_cpds(roots, pri.cpds, NET), 400, seed=3)
     fitted, _ = T.fit_cpds(runs, pri, ess=10, engine="numpy")
     for c in fitted.values():
         assert np.all(np.isfinite(c.values)) and np.allclose(c.values_2d.sum(0), 1, atol=1e-12)
@@ -158,6 +160,17 @@ def test_load_runs_reads_sessions_and_skips_errored_records(tmp_path):
     assert nan.evidence["data_nan"] == "input" and nan.truth == {**{v: "ok" for v in ROOTS}, "data": "corrupted"}
 
 
+def test_refitting_a_refit_records_its_base_once(tmp_path):
+    """Regression: every refit nested the base's provenance once more ("mlp.json (hand-set base
+    recorded in mlp.json) (hand-set base recorded in mlp.json) ...")."""
+    d = runs_dir(tmp_path, seeds=2)
+    first = T.tune(d, "mlp", ess=4, folds=0, max_iter=2, engine="numpy")
+    again = T.tune(d, "mlp", ess=4, folds=0, max_iter=2, engine="numpy", base=first.priors)
+    for res in (first, again):
+        assert res.data["provenance"]["base"]["source"] == "mlp.json"
+        assert "hand-set base recorded" not in res.data["description"] + res.data["reasoning"]["cpds"]
+
+
 def test_tuned_file_round_trips_and_loads_in_neuraldbg(tmp_path):
     import torch
 
@@ -168,7 +181,7 @@ def test_tuned_file_round_trips_and_loads_in_neuraldbg(tmp_path):
     path = res.write(tmp_path / "mlp_tuned.json")
     pri = read(path)
     assert pri.family == "mlp" and pri.fingerprint == res.priors.fingerprint
-    assert load_priors(path=path).cpds == res.priors.cpds and set(pri.cpds) == set(FITTED_NODES)
+    assert load_priors(path=path).cpds == res.priors.cpds and set(pri.cpds) == set(fitted_nodes(NET))
     assert pri.roots == load_priors("mlp").roots                     # root priors are kept
     prov = pri.provenance
     assert prov["method"] == "fitted" and prov["fitted_on"]["records"] == 8
@@ -183,13 +196,13 @@ def test_tuned_file_round_trips_and_loads_in_neuraldbg(tmp_path):
     assert again.cpds == T.hand_set_base(load_priors("mlp")).cpds and again.temperature == 1.0
     # the fitted network learned that a NaN at the input means corrupted data
     nan_ev = {"data_nan": "input", "loss_pattern": "nonfinite"}
-    assert CompiledNetwork(build_cpds(pri.roots, pri.cpds)).posterior(nan_ev)[0]["data"]["corrupted"] > 0.9
+    assert CompiledNetwork(build_cpds(pri.roots, pri.cpds, NET), NET).posterior(nan_ev)[0]["data"]["corrupted"] > 0.9
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     with NeuralDbg(model, family="mlp", priors=path) as dbg:
-        for step in range(25):
+        for _ in range(25):
             x = torch.randn(16, 4)
             loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
             opt.zero_grad()
@@ -202,7 +215,7 @@ def test_tuned_file_round_trips_and_loads_in_neuraldbg(tmp_path):
 
 
 def test_malformed_tuned_file_fails_clearly(tmp_path):
-    runs = _runs(build_cpds(WIDE, load_priors("mlp").cpds), 200, seed=5)
+    runs = _runs(build_cpds(WIDE, load_priors("mlp").cpds, NET), 200, seed=5)
     doc = T.tune(runs, "mlp", folds=0, max_iter=3, engine="numpy").data
     assert doc["provenance"]["heldout"] is None and doc["temperature"] == 1.0
 
@@ -214,7 +227,7 @@ def test_malformed_tuned_file_fails_clearly(tmp_path):
         with pytest.raises(PriorError, match=match):
             read(p)
 
-    bad(lambda d: d.update(schema_version=2), "schema_version 2 is not supported")
+    bad(lambda d: d.update(schema_version=3), "schema_version 3 is not supported")
     bad(lambda d: d["cpds"]["exploding"]["values"].pop(), r"cpds.exploding: values must be a 3 x 9 ")
     bad(lambda d: d["cpds"]["exploding"].update(parents=["instability", "data"]), r"must be \['data', 'instability'\]")
     bad(lambda d: d["cpds"]["dead"]["values"][0].__setitem__(0, 0.9), r"cpds.dead: column 0 sums to")
@@ -226,7 +239,7 @@ def test_malformed_tuned_file_fails_clearly(tmp_path):
 
 
 def test_tune_errors_name_what_is_valid(tmp_path):
-    runs = _runs(build_cpds(WIDE, load_priors("mlp").cpds), 20, seed=1)
+    runs = _runs(build_cpds(WIDE, load_priors("mlp").cpds, NET), 20, seed=1)
     with pytest.raises(T.TuneError, match="unknown family 'vit'; valid: mlp"):
         T.tune(runs, "vit")
     with pytest.raises(T.TuneError, match="no runs of family 'gnn'.*families present: mlp"):
@@ -240,7 +253,7 @@ def test_tune_errors_name_what_is_valid(tmp_path):
 
 
 def test_cross_validation_groups_by_seed_and_picks_a_temperature():
-    runs = _runs(build_cpds(WIDE, load_priors("mlp").cpds), 600, seed=11)
+    runs = _runs(build_cpds(WIDE, load_priors("mlp").cpds, NET), 600, seed=11)
     cv = T.cross_validate(runs, load_priors("mlp"), ess=10, folds=5)
     assert cv.grouping == "seed" and set(cv.folds.tolist()) == set(range(5))
     for s in range(5):   # every run of a seed is in one fold
@@ -274,7 +287,7 @@ def test_cli_tune_priors(tmp_path, capsys):
 
 def test_prior_mix_weights_reproduce_the_label_mix_of_the_root_priors():
     pri = load_priors("gnn")
-    runs = _runs(build_cpds(WIDE, pri.cpds), 2000, seed=4)
+    runs = _runs(build_cpds(WIDE, pri.cpds, NET), 2000, seed=4)
     w = T.prior_mix_weights(runs, pri)
     labelled = [r.label is not None for r in runs]
     assert np.all(w[~np.array(labelled)] == 0) and math.isclose(w.sum(), sum(labelled))
@@ -288,7 +301,7 @@ def test_prior_mix_weights_reproduce_the_label_mix_of_the_root_priors():
 def test_priors_eval_kfold_and_leave_one_arch_out(tmp_path):
     from benchmarks import priors_eval
 
-    runs = _runs(build_cpds(WIDE, load_priors("mlp").cpds), 300, seed=9)
+    runs = _runs(build_cpds(WIDE, load_priors("mlp").cpds, NET), 300, seed=9)
     runs = [T.Run(r.key, "mlp" if i % 3 else "cnn", r.truth, r.evidence, arch=("a", "b", "c")[i % 3], seed=r.seed)
             for i, r in enumerate(runs)]
     res = priors_eval.evaluate(tmp_path, folds=3, ess=10, runs=runs)

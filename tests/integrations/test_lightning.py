@@ -99,7 +99,7 @@ def test_exception_in_fit_exits_the_monitor_and_diagnoses():
     cb = integration.NeuralDbgCallback()
     with pytest.raises(RuntimeError, match="injected failure"):
         fit(LR, callback=cb, fail_at=10)
-    assert cb.dbg._hooks.handles == []  # every hook removed
+    assert not cb.dbg.active  # every hook removed
     assert cb.diagnosis is not None and cb.dbg.trace().last_step == 9  # step 10 never got a forward
 
 

@@ -122,7 +122,7 @@ def test_a_crashed_train_is_closed_by_the_context_manager(tmp_path):
     with pytest.raises(RuntimeError, match="injected failure"):
         with cb:
             train(LR, tmp_path, callback=cb, model=model)
-    assert cb.dbg._hooks.handles == [] and not model._forward_hooks
+    assert not cb.dbg.active and not model._forward_hooks
     tr = cb.dbg.trace()
     # steps 0-19 trained; step 20's input was seen (a pre-forward hook) before forward raised
     assert cb.diagnosis is not None and (tr.loss.n, tr.last_step) == (20, 20)

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from neuraldbg import NeuralDbg, load_session
 from neuraldbg.monitor.autosave import Autosave
+from tests.tiny import batches, run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,23 +27,11 @@ def mlp():
 
 
 def train(model, dbg=None, steps=30, on_step=None):
-    gen = torch.Generator().manual_seed(1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(steps):
-        x = torch.randn(8, 8, generator=gen)
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), x[:, :3].argmax(1))
-        loss.backward()
-        if dbg is not None:
-            dbg.record_loss(loss)
-        opt.step()
-        if on_step:
-            on_step(step)
-    return opt
+    return run(model, steps=steps, lr=0.1, data=batches(steps, n=8, seed=1), dbg=dbg, on_step=on_step).optimizer
 
 
 def addon(dbg) -> Autosave:
-    return next(a for a in dbg._addons if isinstance(a, Autosave))
+    return dbg.addon(Autosave)
 
 
 def test_every_checked_step_with_interval_0_and_the_final_file_matches_the_export(tmp_path):

@@ -26,7 +26,7 @@ def run(steps, nan_every_step, sample_at):
             dbg.record_loss(loss)
             opt.step()
             if step in sample_at:
-                dbg.events  # process everything queued so far
+                _ = dbg.events  # process everything queued so far
                 samples[step] = tracemalloc.get_traced_memory()[0]
     return dbg, samples
 

@@ -3,9 +3,8 @@ gets no tokens are missing for that step. No event, a healthy diagnosis, trainin
 import pytest
 import torch
 from torch import nn
-from torch.nn import functional as F
 
-from neuraldbg import NeuralDbg
+from tests.tiny import batches, run
 
 STEPS = 60
 
@@ -63,28 +62,13 @@ def train(make, monitor, *, empty_at=(), every=1):
     has zero rows (a mean loss over nothing is NaN). Returns (losses, params, dbg)."""
     torch.manual_seed(0)
     model = make()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    gen = torch.Generator().manual_seed(0)
-    dbg = NeuralDbg(model, optimizer=opt, every=every) if monitor else None
-    losses = []
-    if dbg:
-        dbg.__enter__()
-    try:
-        for step in range(STEPS):
-            x = torch.randn(0 if step in empty_at else 16, 8, generator=gen)
-            y = x[:, :3].argmax(dim=1)
-            model.step = step
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            if dbg:
-                dbg.record_loss(loss)
-            opt.step()
-            losses.append(loss.detach().clone())
-    finally:
-        if dbg:
-            dbg.__exit__(None, None, None)
-    return losses, [p.detach().clone() for p in model.parameters()], dbg
+
+    def set_step(step):
+        model.step = step
+
+    r = run(model, steps=STEPS, data=batches(STEPS, empty_at=empty_at), optimizer=torch.optim.Adam, lr=1e-2,
+            monitor={"optimizer": True, "every": every} if monitor else None, before_step=set_step)
+    return r.losses, r.params, r.dbg
 
 
 def assert_unchanged_and_healthy(make, **kw):

@@ -9,6 +9,7 @@ from torch.nn import functional as F
 from neuraldbg import NeuralDbg
 from neuraldbg.monitor import stats as S
 from neuraldbg.monitor import transfer as T
+from tests.tiny import batches, run
 
 
 def mlp(seed=0):
@@ -17,29 +18,8 @@ def mlp(seed=0):
 
 
 def train(model, steps=50, dbg_kwargs=None, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    losses = []
-    if dbg_kwargs and dbg_kwargs.get("optimizer") is True:  # the optimizer made here
-        dbg_kwargs = {**dbg_kwargs, "optimizer": opt}
-    ctx = NeuralDbg(model, **dbg_kwargs) if dbg_kwargs is not None else None
-    if ctx:
-        ctx.__enter__()
-    try:
-        for step in range(steps):
-            x = torch.randn(16, 8, generator=gen)
-            y = torch.randint(0, 3, (16,), generator=gen)
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            if ctx:
-                ctx.record_loss(loss)
-            opt.step()
-            losses.append(loss.detach().clone())
-    finally:
-        if ctx:
-            ctx.__exit__(None, None, None)
-    return losses, ctx
+    r = run(model, steps=steps, monitor=dbg_kwargs, optimizer=torch.optim.Adam, lr=1e-2, data=batches(steps, seed=seed))
+    return r.losses, r.dbg
 
 
 def hook_state(model):
@@ -49,7 +29,7 @@ def hook_state(model):
             for p in model.parameters()]
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"every": 10}, {"output_grads": False}, {"optimizer": True},
+@pytest.mark.parametrize("kwargs", [{}, {"every": 10}, {"optimizer": True},
                                     {"optimizer": True, "every": 3}])
 def test_training_is_bitwise_identical_with_and_without_monitor(kwargs):
     m1, m2 = mlp(), mlp()
@@ -61,10 +41,10 @@ def test_training_is_bitwise_identical_with_and_without_monitor(kwargs):
     assert dbg.events == []  # a healthy 50-step run
     if "optimizer" in kwargs:  # the step-size probe measured, then left the optimizer as it was
         opt = dbg.optimizer
-        from neuraldbg.monitor.probes import StepSizeProbe
+        from neuraldbg.monitor.measurements.step_size import StepSize as StepSizeProbe
 
         checked = len(range(0, 50, kwargs.get("every", 1)))
-        assert dbg.signatures()["step_ratio_steps"] == min(checked, StepSizeProbe.WINDOW)
+        assert dbg.signatures().as_dict()["step_ratio_steps"] == min(checked, StepSizeProbe.WINDOW)
         assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
 
 
@@ -72,7 +52,7 @@ def test_hooks_removed_on_exit_also_when_body_raises():
     m = mlp()
     before = hook_state(m)
     with pytest.raises(RuntimeError, match="user error"):
-        with NeuralDbg(m) as dbg:
+        with NeuralDbg(m):
             m(torch.randn(2, 8)).sum().backward()
             assert hook_state(m) != before
             raise RuntimeError("user error")
@@ -270,7 +250,7 @@ def test_torch_compile_works_without_recompiles_after_first_steps():
     gen = torch.Generator().manual_seed(0)
     graphs = []
     with dbg:
-        for step in range(12):
+        for _ in range(12):
             x = torch.randn(16, 8, generator=gen)
             loss = F.cross_entropy(cm(x), torch.randint(0, 3, (16,), generator=gen))
             opt.zero_grad()
@@ -297,4 +277,4 @@ def test_compiled_graph_of_an_unhooked_instance_is_not_reused():
         for _ in range(3):
             cm(torch.randn(4, 8)).sum().backward()
             dbg.record_loss(1.0)
-    assert dbg._order[:5] == ["0", "1", "2", "3", "4"], "forward hooks fired under the compiled graph"
+    assert dbg._hooks.order[:5] == ["0", "1", "2", "3", "4"], "forward hooks fired under the compiled graph"

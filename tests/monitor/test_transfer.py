@@ -4,22 +4,14 @@ import math
 import pytest
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from neuraldbg import NeuralDbg
 from neuraldbg.monitor import transfer as T
+from tests.tiny import batches, run
 
 
 def train(model, steps, dbg, n=16):
-    gen = torch.Generator().manual_seed(0)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    for _ in range(steps):
-        x = torch.randn(n, 8, generator=gen)
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), x[:, :3].argmax(dim=1))
-        loss.backward()
-        dbg.record_loss(loss)
-        opt.step()
+    run(model, steps=steps, data=batches(steps, n=n), dbg=dbg)
 
 
 def mlp():

@@ -93,3 +93,22 @@ def test_timeline_ends_at_the_final_posterior(traces):
     assert points[-1].p_healthy == pytest.approx(final.p_healthy)
     assert points[-1].probability("learning_rate", "too_high") == pytest.approx(final["learning_rate"]["too_high"])
     assert points[-1].probability("no_such", "state") == 0.0
+
+
+def test_a_cut_keeps_only_the_signatures_measured_by_then():
+    """Regression: a cut at step s kept every signature, so a reference loss measured over the
+    whole run read `retention = lost` at step 5 (and raised P(learning_rate too_high) from step 0)."""
+    from neuraldbg.trace import LayerInfo
+    from tests.tiny import make_trace
+
+    full = make_trace([], (LayerInfo("fc", "Linear", 0, 10),), [2.0 * 0.98 ** i for i in range(60)],
+                      sigs={"out_features": 28, "reference_first": 0.94, "reference_tail": 2.4, "reference_n": 16,
+                            "init_scale_log10": 0.01, "step_ratio_median": 0.01},
+                      sig_steps={"step_ratio_median": 20}, steps=60)
+    assert api.evidence(full).observed["retention"] == "lost"
+    early = trace_until(full, 5)
+    assert "retention" not in api.evidence(early).observed  # the tail is known at the end only
+    assert api.evidence(early).observed["init_scale"] == "normal"  # measured on entry: known from step 0
+    assert "step_size" not in api.evidence(early).observed  # its window closed at step 20
+    assert api.evidence(trace_until(full, 20)).observed["step_size"] == "normal"
+    assert api.evidence(trace_until(full, 59)).observed["retention"] == "lost"

@@ -100,7 +100,7 @@ def test_registry_covers_every_abnormal_state_and_rejects_unknown_ones():
 def test_reinit_skips_frozen_and_zero_weights():
     from torch import nn
 
-    from neuraldbg.monitor.probes import reference_stds
+    from neuraldbg.monitor.measurements.weights import reference_stds
     from neuraldbg.verify.interventions import off_scale
 
     model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 2))

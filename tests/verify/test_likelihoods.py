@@ -10,8 +10,11 @@ import pytest
 from neuraldbg.causal.compiled import CompiledNetwork
 from neuraldbg.causal.cpd import build_cpds
 from neuraldbg.causal.priors import load_priors
+from neuraldbg.causal.structure import default_network
 from neuraldbg.verify import likelihoods as L
 from neuraldbg.vocab import ABNORMAL_LABELS, HEALTHY
+
+NET = default_network()
 
 
 def test_shipped_file_is_valid_and_hand_set_table_is_diagonal_dominant():
@@ -63,8 +66,8 @@ def test_invalid_files_name_the_field(tmp_path):
 @pytest.mark.parametrize("family", ["mlp", "transformer"])
 def test_update_matches_pgmpy_with_verify_nodes(family):
     pri = load_priors(family=family)
-    cpds = build_cpds(pri.roots, pri.cpds)
-    net = CompiledNetwork(cpds, temperature=1.0)  # pgmpy has no temperature
+    cpds = build_cpds(pri.roots, pri.cpds, NET)
+    net = CompiledNetwork(cpds, NET, temperature=1.0)  # pgmpy has no temperature
     table = L.load()["hand_set"]
     evidence = {"exploding": "init", "loss_start": "high", "loss_pattern": "divergence"}
     tests = [("initialization/too_large", "vanished"), ("learning_rate/too_high", "persisted"),
@@ -91,7 +94,7 @@ def test_a_file_fitted_under_another_outcome_rule_is_refused(tmp_path):
 
 
 def test_fit_refuses_tests_decided_by_the_loss_only_rule():
-    from neuraldbg.verify import fit as F
+    from neuraldbg.verify import tune as F
 
     test = {"cause": "learning_rate", "state": "too_high", "outcome": "vanished"}
     rec = {"key": "mlp__lr_too_high__0", "family": "mlp", "true_cause": "learning_rate", "true_state": "too_high",

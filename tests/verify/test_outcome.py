@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from neuraldbg.verify.outcome import (REFERENCE_TRADE, VANISHED_IMPROVEMENT, compare, late_steps, recurrences, reference_gain,
-                                     relative_gain, symptoms_in)
+from neuraldbg.verify.outcome import (REFERENCE_TRADE, VANISHED_IMPROVEMENT, compare, late_steps, recurrences,
+                                      reference_gain, relative_gain, symptoms_in)
 
 NAN, INF = math.nan, math.inf
 

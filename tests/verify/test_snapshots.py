@@ -1,13 +1,15 @@
 """Snapshots: off and free by default, bounded over long runs, exact round trips."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-import pytest
-
 from neuraldbg import NeuralDbg
+from neuraldbg.causal.nodes.causes import INIT_SCALE_LOG10, STEP_RATIO_MEDIAN
 from neuraldbg.verify.snapshots import DEFAULT_K, Snapshots, capture, of, restore
 
 
@@ -31,7 +33,6 @@ def test_off_by_default_and_free():
     for off in (None, False, 0):
         dbg = NeuralDbg(model, optimizer=opt, snapshots=off)
         assert of(dbg) is None and dbg.snapshot_bytes == 0
-        assert not dbg._addons
     assert of(NeuralDbg(model, optimizer=opt)) is None
     assert of(NeuralDbg(model, optimizer=opt, snapshots=True)).k == DEFAULT_K
     assert of(NeuralDbg(model, optimizer=opt, snapshots=5)).k == 5
@@ -45,11 +46,12 @@ def test_bad_values_name_the_valid_ones(bad):
 
 
 class _FakeMonitor:
-    """What the add-on reads from a monitor, for driving it without training."""
+    """The context the add-on reads (neuraldbg/lifecycle.py), for driving it without training."""
 
     def __init__(self, model, opt):
-        self.root, self.optimizer, self.scaler = model, opt, None
-        self._step, self._user_steps = 0, True
+        self.root, self.optimizer = model, opt
+        self.settings = SimpleNamespace(scaler=None)
+        self.step, self.steps_set_by_loop = 0, True
 
 
 def test_bounded_over_10k_steps():
@@ -142,4 +144,4 @@ def test_snapshots_keep_the_signatures():
             dbg.record_loss(loss)
             opt.step()
     sig = dbg.signatures()
-    assert "init_scale_log10" in sig and "step_ratio_peak" in sig
+    assert INIT_SCALE_LOG10 in sig and STEP_RATIO_MEDIAN in sig

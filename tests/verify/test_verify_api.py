@@ -22,7 +22,8 @@ def _state(model, opt):
     opt_state = {k: {kk: _bits(vv) if isinstance(vv, torch.Tensor) else vv for kk, vv in v.items()}
                  for k, v in sd["state"].items()}
     groups = [{k: v for k, v in g.items() if k != "params"} for g in sd["param_groups"]]
-    return params, grads, opt_state, groups, {n: m.training for n, m in model.named_modules()}, _bits(torch.get_rng_state())
+    modes = {n: m.training for n, m in model.named_modules()}
+    return params, grads, opt_state, groups, modes, _bits(torch.get_rng_state())
 
 
 @pytest.mark.parametrize("fault", [dict(lr=5.0), dict(gain=30.0), dict(nan_at=20)])
@@ -87,7 +88,7 @@ def test_result_shape():
     assert probs == sorted(probs, reverse=True)
     assert sum(t.outcome != "untestable" for t in v.tests) <= 2
     assert v.extra_steps == sum(t.steps for t in v.tests) and all(t.steps <= 10 for t in v.tests)
-    for var, dist in v.posterior.items():
+    for dist in v.posterior.values():
         assert sum(dist.values()) == pytest.approx(1.0)
     top = v.hypotheses[0]
     assert top.verified is True and top.test is not None and "Verified by replay" in str(top)

@@ -84,4 +84,4 @@ def test_zoo_lora_forgetting_is_confirmed_by_its_reference():
 
 def test_zoo_lora_reference_can_be_turned_off():
     r = models.run("lora", "healthy", seed=0, steps=30, monitor={"reference": None})
-    assert r.dbg.reference is None and "reference_first" not in dict(r.dbg.trace().meta)
+    assert r.dbg.reference is None and "reference_first" not in r.dbg.trace().signatures.as_dict()

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from neuraldbg import NeuralDbg
+from neuraldbg.faults import corrupt_rows, rescale, scale_weights
 
 IN, HIDDEN, CLASSES, BATCH = 16, 64, 4, 64
 
@@ -24,9 +25,9 @@ def _batches(steps: int, seed: int, nan_at: int | None, shift_at: int | None):
     xs = torch.randn(steps, BATCH, IN, generator=g)
     ys = (torch.tanh(xs) @ teacher).argmax(-1)
     if nan_at is not None:
-        xs[nan_at, : BATCH // 4] = math.nan
+        xs[nan_at] = corrupt_rows(xs[nan_at], math.nan)
     if shift_at is not None:
-        xs[shift_at:] *= 1000.0
+        xs[shift_at:] = rescale(xs[shift_at:])
     return xs, ys
 
 
@@ -42,9 +43,8 @@ def train(*, steps: int = 60, lr: float = 0.05, first_gain: float = 1.0, gain: f
     for a, b in zip(dims[:-1], dims[1:]):
         layers += [nn.Linear(a, b), act()]
     model = nn.Sequential(*layers, nn.Linear(HIDDEN, CLASSES))
-    with torch.no_grad():
-        for i, p in enumerate(p for p in model.parameters() if p.dim() >= 2):
-            p.mul_(gain * (first_gain if i == 0 else 1.0))
+    scale_weights(model, gain)
+    scale_weights(model[0], first_gain)
     opt = (torch.optim.Adam(model.parameters(), lr=lr) if adam
            else torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9))
     xs, ys = _batches(steps, seed, nan_at, shift_at)
@@ -113,16 +113,17 @@ def blind_priors(path, family: str = "mlp", keep: tuple[str, ...] = ("loss_patte
     import json
 
     from neuraldbg.causal.priors import load_priors
-    from neuraldbg.causal.structure import EVIDENCE_NAMES, parents_of, states_of
+    from neuraldbg.causal.structure import default_network
 
+    net = default_network()
     data = load_priors(family=family).to_dict()
     cpds = dict(data.get("cpds") or {})
-    for name in EVIDENCE_NAMES:
+    for name in net.evidence_names:
         if name in keep:
             continue
-        parents = list(parents_of(name))
-        states = list(states_of(name))
-        cols = math.prod(len(states_of(p)) for p in parents)
+        parents = list(net.parents_of(name))
+        states = list(net.states_of(name))
+        cols = math.prod(len(net.states_of(p)) for p in parents)
         cpds[name] = {"parents": parents, "states": states, "values": [[1 / len(states)] * cols for _ in states]}
     data["cpds"] = cpds
     with open(path, "w") as f:

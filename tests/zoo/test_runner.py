@@ -143,6 +143,9 @@ class FakeDbg:
     def _hook(self, mod, inp, out):
         self.forward_calls += 1
 
+    def addon(self, cls):
+        return None  # no snapshots, no other parts
+
     def __enter__(self):
         self.entered = True
         return self
@@ -160,8 +163,8 @@ class FakeDbg:
         # gradients are there (after backward) and the optimizer has not stepped yet
         p = next(p for p in self.optimizer.param_groups[0]["params"] if p.grad is not None)
         self.grads_at_record.append(p.grad.detach().clone())
-        self._param_at_record = p.detach().clone()
-        self._param = p
+        self.param_at_record = p.detach().clone()
+        self.param = p
 
 
 @pytest.fixture
@@ -198,4 +201,4 @@ def test_record_loss_comes_after_backward_and_before_the_update(fake_monitor):
     r = models.run("mlp", "healthy", 0, steps=2, monitor=True)
     dbg = r.dbg
     assert all(g.abs().sum() > 0 for g in dbg.grads_at_record)
-    assert not torch.equal(dbg._param_at_record, dbg._param.detach())  # stepped afterwards
+    assert not torch.equal(dbg.param_at_record, dbg.param.detach())  # stepped afterwards

@@ -6,9 +6,8 @@ import math
 import pytest
 
 import models
-from zoo_testing import fresh_run
-
 import neuraldbg  # a broken monitor must fail these tests, not skip them
+from zoo_testing import fresh_run
 
 
 def _same(a, b):

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from neuraldbg import NeuralDbg
+from neuraldbg.monitor.measurements.tokens import TokenWatch
 
 VOCAB, T = 24, 16
 
@@ -53,7 +54,7 @@ def shifts(dbg):
 def test_a_stationary_token_stream_is_watched_and_quiet(seed):
     dbg = train(seed)
     assert shifts(dbg) == []
-    assert dbg.signatures()["token_watched"] == 2  # wte and the position embedding
+    assert dbg.signatures().as_dict()["token_watched"] == 2  # wte and the position embedding
     from neuraldbg.causal.evidence import extract
 
     assert extract(dbg.trace()).observed["data_shift"] == "absent"
@@ -71,7 +72,7 @@ def test_a_vocabulary_remap_is_an_input_shift_at_the_embedding(seed):
 
 def test_unchecked_steps_record_no_histogram():
     dbg = train(0, steps=20, every=5)
-    watch = next(a for a in dbg._addons if type(a).__name__ == "TokenWatch")
+    watch = dbg.addon(TokenWatch)
     assert watch._pending == {} and not watch._handles  # flushed and unhooked on exit
     assert sum(d._seen for d in watch._detectors.values()) == 2 * 4  # steps 0, 5, 10, 15
 

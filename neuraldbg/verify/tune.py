@@ -1,6 +1,6 @@
-"""Fit the interventional likelihoods from benchmark runs made with ``--verify``.
+"""Tune the interventional likelihoods to benchmark runs made with ``--verify``.
 
-``python -m neuraldbg.verify.fit --runs DIR [--runs DIR2 ...] [--out FILE] [--ess N]`` reads
+``neuraldbg tune-verification --runs DIR [DIR2 ...] [--out FILE] [--ess N]`` reads
 ``DIR/records/*.json``: each record names its family, its true cause (the injection's) and
 every test its verification ran, with the outcome. For every (tested state, true label) the
 fitted probability is the posterior mean of a Beta prior centred on the hand-set value with
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -115,26 +114,29 @@ def fit_file(dirs: Iterable[str | Path], ess: float = DEFAULT_ESS, base: Mapping
     tables, counts = fit_tables(cases, base["hand_set"], ess)
     outcome = {**(base.get("outcome") or {}), "vanished_improvement": O.VANISHED_IMPROVEMENT, "rule": O.RULE}
     base.update(fitted=tables, counts=counts, outcome=outcome, provenance={
-        "method": "Beta-smoothed counts of benchmark verifications (neuraldbg/verify/fit.py)",
+        "method": "Beta-smoothed counts of benchmark verifications (neuraldbg/verify/tune.py)",
         "runs": dirs, "tests": len(cases), "ess": ess, "date": time.strftime("%Y-%m-%d")})
     return L.validate(base, "fitted")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line: fit and write the likelihood file."""
-    p = argparse.ArgumentParser(prog="python -m neuraldbg.verify.fit", description=__doc__.split("\n\n")[0])
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """The ``neuraldbg tune-verification`` subcommand (registered by ``neuraldbg/cli.py``)."""
+    p = sub.add_parser(
+        "tune-verification", help="fit the verification likelihoods to benchmark runs made with --verify",
+        description=__doc__.split("\n\n")[0] + " See docs/verification.md.")
     p.add_argument("--runs", nargs="+", required=True, metavar="DIR", help="benchmark folders run with --verify")
-    p.add_argument("--out", default=str(L.shipped_path()), metavar="FILE", help="where to write (default: the shipped file)")
-    p.add_argument("--ess", type=float, default=DEFAULT_ESS, help="pseudo-runs of each cell's prior (default %(default)s)")
-    args = p.parse_args(argv)
-    try:
-        data = fit_file(args.runs, args.ess)
-    except (ValueError, FileNotFoundError) as exc:
-        p.exit(1, f"{p.prog}: error: {exc}\n")
+    p.add_argument("--out", default=str(L.shipped_path()), metavar="FILE",
+                   help="where to write (default: the shipped file)")
+    p.add_argument("--ess", type=float, default=DEFAULT_ESS,
+                   help="pseudo-runs of each cell's prior (default %(default)s)")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Fit and write the likelihood file; a bad folder or record raises ``ValueError`` /
+    ``FileNotFoundError``, which the command line reports as one line."""
+    data = fit_file(args.runs, args.ess)
     write_json_atomic(args.out, data)
     print(f"{data['provenance']['tests']} tests from {len(args.runs)} folder(s) -> {args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,9 +4,9 @@ A fine-tune that learns its new task as well as a healthy one can still overwrit
 model knew: nothing in the training loss shows it. ``NeuralDbg(model, reference=fn)`` gives
 the monitor a function ``fn(model) -> loss`` on a fixed held-out batch of the task the model
 must keep (its pre-training task, say); :class:`ReferenceLoss` calls it on entry and at the
-start of every ``reference_every``-th step, and the retention signature
-(:func:`neuraldbg.causal.signatures.retention_state`) reads how much of the pre-trained
-margin to chance the run gave up. :func:`neuraldbg.verify.api.verify` calls it again in its
+start of every ``reference_every``-th step, and the retention node
+(``neuraldbg/causal/nodes/causes.py``) reads how much of the pre-trained margin to chance the
+run gave up. :func:`neuraldbg.verify.api.verify` calls it again in its
 replays, at the same steps, so an intervention is judged by what it did to the reference too.
 
 The call never changes training: it runs under ``torch.no_grad()`` with every module in
@@ -24,9 +24,11 @@ from typing import Any, Callable
 
 import torch
 
-from neuraldbg.monitor.addons import Addon
+from neuraldbg.causal.nodes.causes import REFERENCE_FIRST, REFERENCE_N, REFERENCE_NONFINITE, REFERENCE_TAIL
+from neuraldbg.lifecycle import AddonContext, Measurement
 from neuraldbg.monitor.history import LossHistory
 from neuraldbg.monitor.lossinput import loss_value
+from neuraldbg.monitor.measurements import register_measurement
 
 #: ``reference_every`` when not given: a held-out forward every 10 steps
 DEFAULT_EVERY = 10
@@ -65,8 +67,11 @@ def evaluate(fn: Callable, model: torch.nn.Module) -> float | torch.Tensor:
             m.training = mode
 
 
-class ReferenceLoss(Addon):
+@register_measurement
+class ReferenceLoss(Measurement):
     """The reference loss of one monitor: recorded on entry and every ``every`` steps."""
+
+    signatures = (REFERENCE_FIRST, REFERENCE_TAIL, REFERENCE_N, REFERENCE_NONFINITE)
 
     def __init__(self, fn: Callable, every: int = DEFAULT_EVERY) -> None:
         self.fn = fn
@@ -77,47 +82,52 @@ class ReferenceLoss(Addon):
         self._entry: tuple[int, Any] | None = None
         self._broken = False
 
-    def _measure(self, dbg: Any) -> Any:
+    @classmethod
+    def for_monitor(cls, root: Any, settings: Any) -> "ReferenceLoss | None":
+        """Only with ``NeuralDbg(reference=fn)``."""
+        return cls(settings.reference, settings.reference_every) if settings.reference is not None else None
+
+    def _measure(self, ctx: AddonContext) -> Any:
         if self._broken:
             return None
         try:
-            return evaluate(self.fn, dbg.root)
+            return evaluate(self.fn, ctx.root)
         except Exception as e:  # noqa: BLE001 - a failing reference must not stop training
             self._broken = True
-            dbg._report(("reference",), f"the reference function raised {e!r}; retention is not measured")
+            ctx.report(("reference",), f"the reference function raised {e!r}; retention is not measured")
             return None
 
-    def _push(self, dbg: Any, step: int, value: Any) -> None:
+    def _push(self, ctx: AddonContext, step: int, value: Any) -> None:
         if value is None:
             return
         self._pending.append((step, value))
-        if len(self._pending) >= dbg.sync_every:
-            self.flush(dbg)
+        if len(self._pending) >= ctx.sync_every:
+            self.flush(ctx)
 
-    def _claim_entry(self, dbg: Any, step: int) -> None:
+    def _claim_entry(self, ctx: AddonContext, step: int) -> None:
         """File the value measured on entry under ``step`` (once)."""
         if self._entry is not None:
             self._entry, (_, value) = None, self._entry
-            self._push(dbg, step, value)
+            self._push(ctx, step, value)
 
-    def enter(self, dbg: Any) -> None:
+    def enter(self, ctx: AddonContext) -> None:
         """The model as training finds it."""
-        self._entry = (dbg.step, self._measure(dbg))
+        self._entry = (ctx.step, self._measure(ctx))
 
-    def step_started(self, dbg: Any, step: int, checked: bool) -> None:
+    def step_started(self, ctx: AddonContext, step: int, checked: bool) -> None:
         """A reference point on every ``every``-th step, before its forward."""
         if self._entry is not None:
             # no step closed since entry: the entry value *is* this step's model (a loop that
             # starts at a step other than 0, or a replay from a snapshot)
-            self._claim_entry(dbg, step)
+            self._claim_entry(ctx, step)
         elif step % self.every == 0:
-            self._push(dbg, step, self._measure(dbg))
+            self._push(ctx, step, self._measure(ctx))
 
-    def step_closed(self, dbg: Any, step: int, checked: bool) -> None:
+    def step_closed(self, ctx: AddonContext, step: int, checked: bool) -> None:
         """The entry value belongs to the step that just closed."""
-        self._claim_entry(dbg, step)
+        self._claim_entry(ctx, step)
 
-    def flush(self, dbg: Any = None) -> None:
+    def flush(self, ctx: AddonContext | None = None) -> None:
         """Move the waiting values to the host (one transfer)."""
         if not self._pending:
             return
@@ -128,18 +138,18 @@ class ReferenceLoss(Addon):
         for step, v in pending:
             self.history.add(step, next(host) if isinstance(v, torch.Tensor) else float(v))
 
-    def exit(self, dbg: Any, exc: BaseException | None) -> None:
+    def exit(self, ctx: AddonContext, exc: BaseException | None) -> None:
         """Read what is left (an entry value no step claimed belongs to the step on entry)."""
         if self._entry is not None:
-            self._claim_entry(dbg, self._entry[0])
-        self.flush(dbg)
+            self._claim_entry(ctx, self._entry[0])
+        self.flush(ctx)
 
     def points(self) -> list[tuple[int, float]]:
         """``(step, reference loss)`` recorded so far (downsampled on long runs)."""
         self.flush()
         return list(self.history.points)
 
-    def signatures(self) -> dict[str, float]:
+    def summary(self) -> dict[Any, Any]:
         """``reference_first`` (the model as training found it), ``reference_tail`` (median of
         the last quarter of the recorded values, at least one; left out when one of them is
         not finite), ``reference_n`` and ``reference_nonfinite``; nothing before two values."""
@@ -147,11 +157,11 @@ class ReferenceLoss(Addon):
         if len(pts) < 2:
             return {}
         vals = [v for _, v in pts]
-        out = {"reference_n": float(self.history.n), "reference_nonfinite": float(self.history.n_nonfinite)}
+        out: dict[Any, Any] = {REFERENCE_N: self.history.n, REFERENCE_NONFINITE: self.history.n_nonfinite}
         if math.isfinite(vals[0]):
-            out["reference_first"] = vals[0]
+            out[REFERENCE_FIRST] = vals[0]
         tail = sorted(vals[len(vals) - max(1, len(vals) // 4):])
         if all(math.isfinite(v) for v in tail):
-            out["reference_tail"] = tail[len(tail) // 2]
+            out[REFERENCE_TAIL] = tail[len(tail) // 2]
         return out
 

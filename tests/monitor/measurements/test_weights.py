@@ -1,4 +1,4 @@
-"""Device-side signatures: reference init scales, the weight-scale factor and the step-size probe."""
+"""The weights on entry: reference init scales, the weight-scale factor, low-rank adapters."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from neuraldbg.monitor import probes as G
+from neuraldbg.monitor.measurements import weights as G
 
 
 def test_fans_follow_torch_init():
@@ -60,74 +60,6 @@ def test_config_init_range_reads_a_library_config():
     assert G.config_init_range(m) is None
     m.config = type("Cfg", (), {"initializer_range": 0.01})()
     assert G.config_init_range(m) == 0.01
-
-
-def test_layer_ratios_on_hand_computed_tensors():
-    before = [torch.tensor([[3.0, 4.0]]), torch.tensor([1.0]), torch.zeros(2)]
-    after = [torch.tensor([[3.0, 4.5]]), torch.tensor([1.0]), torch.ones(2)]
-    r = G.layer_ratios(before, after, torch.tensor([0, 0, 1]), 2)
-    # layer 0: ||delta|| = 0.5 over ||w|| = sqrt(25 + 1); layer 1 has zero weights: no ratio
-    assert r[0].item() == pytest.approx(0.5 / math.sqrt(26))
-    assert math.isnan(r[1].item())
-
-
-def test_probed_weights_are_nonzero_weight_matrices():
-    a, b = nn.Linear(4, 8), nn.Linear(8, 4, bias=False)
-    nn.init.zeros_(b.weight)  # zero by design: no scale for a ratio
-    owner = G.probed_weights([("a", a), ("b", b), ("norm", nn.LayerNorm(4))])
-    assert owner == {id(a.weight): "a"}
-
-
-def test_last_out_features_is_the_output_size():
-    mods = {"fc1": nn.Linear(4, 8), "act": nn.ReLU(), "head": nn.Linear(8, 5), "norm": nn.LayerNorm(5)}
-    assert G.last_out_features(["fc1", "act", "head", "norm"], mods) == 5
-    assert G.last_out_features(["act"], mods) is None
-
-
-def _train(opt_cls, lr, steps=5, checked=lambda: True):
-    torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-    opt = opt_cls(m.parameters(), lr=lr)
-    owner = G.probed_weights(m.named_modules())
-    probe = G.StepSizeProbe(opt, owner, checked)
-    for _ in range(steps):
-        opt.zero_grad()
-        m(torch.randn(4, 8)).pow(2).sum().backward()
-        opt.step()
-    return probe, m
-
-
-def test_probe_reads_the_adam_step_size():
-    probe, _ = _train(torch.optim.Adam, 1e-3)
-    s = probe.summary()
-    assert probe.n_steps == 5 and s["step_ratio_steps"] == 5
-    # Adam's steps are about lr per element, against weights of RMS ~0.1..0.2
-    assert 1e-3 < s["step_ratio_peak"] < 3e-2 and s["step_ratio_max"] >= s["step_ratio_peak"]
-    tiny = _train(torch.optim.Adam, 1e-8)[0].summary()
-    assert tiny["step_ratio_max"] < 1e-6
-
-
-def test_probe_copies_nothing_on_unchecked_steps_and_is_bounded():
-    probe, _ = _train(torch.optim.SGD, 0.1, checked=lambda: False)
-    assert probe.n_steps == 0 and probe.summary() == {}
-    probe, _ = _train(torch.optim.SGD, 0.1, steps=G.StepSizeProbe.WINDOW + 5)
-    assert probe.n_steps == G.StepSizeProbe.WINDOW
-
-
-def test_probe_does_not_change_training():
-    a = _train(torch.optim.AdamW, 1e-2)[1]
-    torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
-    for _ in range(5):
-        opt.zero_grad()
-        m(torch.randn(4, 8)).pow(2).sum().backward()
-        opt.step()
-    for p, q in zip(a.parameters(), m.parameters()):
-        assert torch.equal(p, q)
-    probe = _train(torch.optim.AdamW, 1e-2)[0]
-    probe.remove()
-    assert probe.handles == []
 
 
 class _LoRA(nn.Module):

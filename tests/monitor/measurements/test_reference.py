@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from neuraldbg import NeuralDbg, load_session
-from neuraldbg.monitor.reference import evaluate
+from neuraldbg.monitor.measurements.reference import evaluate
+from tests.tiny import batches, run
 
 
 def _model() -> nn.Module:
@@ -22,22 +23,9 @@ def _model() -> nn.Module:
 def _train(reference=None, steps: int = 12, set_step: bool = True, **kw):
     """A seeded run; returns (model, losses, dbg)."""
     torch.manual_seed(0)
-    model = _model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    g = torch.Generator().manual_seed(1)
-    xs, ys = torch.randn(steps, 32, 8, generator=g), torch.randint(0, 3, (steps, 32), generator=g)
-    losses = []
-    with NeuralDbg(model, optimizer=opt, reference=reference, **kw) as dbg:
-        for step in range(steps):
-            if set_step:
-                dbg.step = step
-            opt.zero_grad()
-            loss = F.cross_entropy(model(xs[step]), ys[step])
-            loss.backward()
-            dbg.record_loss(loss)
-            opt.step()
-            losses.append(loss.item())
-    return model, losses, dbg
+    r = run(_model(), steps=steps, lr=0.1, data=batches(steps, n=32, seed=1), set_step=set_step,
+            monitor={"optimizer": True, "reference": reference, **kw})
+    return r.model, [x.item() for x in r.losses], r.dbg
 
 
 XA, YA = torch.randn(64, 8, generator=torch.Generator().manual_seed(5)), torch.randint(0, 3, (64,))
@@ -87,17 +75,17 @@ def test_records_on_entry_and_every_nth_step(set_step):
 def test_signatures_first_tail_and_count():
     vals = iter([1.0, 1.2, 1.4, 2.0, 2.2, 2.1, 2.4, 2.3])
     _, _, dbg = _train(lambda m: next(vals), steps=8, reference_every=1)
-    meta = dict(dbg.trace().meta)
-    assert meta["reference_first"] == 1.0
-    assert meta["reference_tail"] == 2.4  # median of the last quarter (2.4, 2.3)
-    assert meta["reference_n"] == 8 and meta["reference_nonfinite"] == 0
+    sigs = dbg.trace().signatures.as_dict()
+    assert sigs["reference_first"] == 1.0
+    assert sigs["reference_tail"] == 2.4  # median of the last quarter (2.4, 2.3)
+    assert sigs["reference_n"] == 8 and sigs["reference_nonfinite"] == 0
 
 
 def test_a_nonfinite_tail_is_not_read():
     vals = iter([1.0, 1.1, 1.2, float("nan")])
     _, _, dbg = _train(lambda m: next(vals), steps=4, reference_every=1)
-    meta = dict(dbg.trace().meta)
-    assert "reference_tail" not in meta and meta["reference_nonfinite"] == 1
+    sigs = dbg.trace().signatures.as_dict()
+    assert "reference_tail" not in sigs and sigs["reference_nonfinite"] == 1
 
 
 def test_a_raising_reference_is_reported_once_and_training_goes_on(caplog):
@@ -109,10 +97,11 @@ def test_a_raising_reference_is_reported_once_and_training_goes_on(caplog):
         model, losses, dbg = _train(broken, reference_every=1)
     assert losses == bare_losses
     assert sum("reference function raised" in r.getMessage() for r in caplog.records) == 1
-    assert dbg.reference_points() == [] and "reference_first" not in dict(dbg.trace().meta)
+    assert dbg.reference_points() == [] and "reference_first" not in dbg.trace().signatures.as_dict()
 
 
-@pytest.mark.parametrize("kw,err", [({"reference": 3.0}, TypeError), ({"reference": held_out, "reference_every": 0}, ValueError),
+@pytest.mark.parametrize("kw,err", [({"reference": 3.0}, TypeError),
+                                    ({"reference": held_out, "reference_every": 0}, ValueError),
                                     ({"reference": held_out, "reference_every": True}, ValueError)])
 def test_bad_arguments_name_what_is_valid(kw, err):
     with pytest.raises(err, match="reference"):
@@ -134,7 +123,7 @@ def test_session_round_trip_keeps_retention(tmp_path):
     _, _, dbg = _train(lambda m: next(vals), steps=6, reference_every=1)
     path = dbg.export_aquarium_package(tmp_path / "s.json")
     offline = load_session(path)
-    assert dict(offline.trace().meta)["reference_tail"] == dict(dbg.trace().meta)["reference_tail"]
+    assert offline.trace().signatures.as_dict()["reference_tail"] == dbg.trace().signatures.as_dict()["reference_tail"]
     assert offline.posterior().evidence["retention"] == dbg.posterior().evidence["retention"] == "lost"
 
 

@@ -16,8 +16,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from neuraldbg.causal.nodes.data import TOKEN_WATCHED
 from neuraldbg.events.tokens import TokenShiftDetector, token_histogram
-from neuraldbg.monitor.addons import Addon
+from neuraldbg.lifecycle import AddonContext, Measurement
+from neuraldbg.monitor.measurements import register_measurement
 
 
 def embeddings(root: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -25,19 +27,28 @@ def embeddings(root: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(n, m) for n, m in root.named_modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
 
 
-class TokenWatch(Addon):
+@register_measurement
+class TokenWatch(Measurement):
     """Embedding id histograms and their shift detectors (one monitor's)."""
 
+    signatures = (TOKEN_WATCHED,)
+
     def __init__(self) -> None:
-        self._dbg: Any = None
+        self._ctx: AddonContext | None = None
         self._handles: list[Any] = []
         self._pending: dict[tuple[int, str], torch.Tensor] = {}  # (step, layer) -> counts
         self._detectors: dict[str, TokenShiftDetector] = {}
+        self._ready_at: int | None = None  # the step the first reference was complete
 
-    def enter(self, dbg: Any) -> None:
+    @classmethod
+    def for_monitor(cls, root: Any, settings: Any) -> "TokenWatch | None":
+        """Only models that read token ids through an embedding."""
+        return cls() if embeddings(root) else None
+
+    def enter(self, ctx: AddonContext) -> None:
         """Hook every embedding."""
-        self._dbg = dbg
-        for name, mod in embeddings(dbg.root):
+        self._ctx = ctx
+        for name, mod in embeddings(ctx.root):
             self._handles.append(mod.register_forward_pre_hook(lambda m, args, name=name: self._on_ids(name, args)))
 
     def _on_ids(self, name: str, args: tuple) -> None:
@@ -45,25 +56,24 @@ class TokenWatch(Addon):
             # off inside a compiled graph: its per-step bookkeeping would be guarded and
             # recompile the graph every step, and running it eagerly would break the graph
             return None
-        dbg = self._dbg
-        hooks = dbg._hooks
-        if not args or hooks._skip_forward(hooks.buf):
+        ctx = self._ctx
+        if not args or not ctx.measuring():
             return None
         ids = args[0]
         if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.numel() == 0:
             return None
-        key = (hooks.buf.step, name)
+        key = (ctx.step, name)
         h = token_histogram(ids)
         prev = self._pending.get(key)
         self._pending[key] = h if prev is None else prev + h  # a shared embedding called twice
         return None
 
-    def step_closed(self, dbg: Any, step: int, checked: bool) -> None:
+    def step_closed(self, ctx: AddonContext, step: int, checked: bool) -> None:
         """Hand the histograms to the host once ``sync_every`` checked steps are waiting."""
-        if len({s for s, _ in self._pending}) >= dbg.sync_every:
-            self.flush(dbg)
+        if len({s for s, _ in self._pending}) >= ctx.sync_every:
+            self.flush(ctx)
 
-    def flush(self, dbg: Any) -> None:
+    def flush(self, ctx: AddonContext) -> None:
         """One host transfer of the waiting histograms; their events go to the monitor's log."""
         if not self._pending:
             return
@@ -73,19 +83,25 @@ class TokenWatch(Addon):
         for (step, name), counts in zip(keys, rows):
             det = self._detectors.get(name)
             if det is None:
-                det = self._detectors[name] = TokenShiftDetector(name, dbg.config)
+                det = self._detectors[name] = TokenShiftDetector(name, ctx.settings.config)
             for ev in det.update(step, np.asarray(counts, dtype=np.float64)):
-                dbg._add_event(ev)
+                ctx.add_event(ev)
+            if self._ready_at is None and det.reference_ready:
+                self._ready_at = step
 
-    def exit(self, dbg: Any, exc: BaseException | None) -> None:
+    def exit(self, ctx: AddonContext, exc: BaseException | None) -> None:
         """Remove the hooks and read what is left."""
         for h in self._handles:
             h.remove()
         self._handles = []
-        self.flush(dbg)
+        self.flush(ctx)
 
-    def signatures(self) -> dict[str, float]:
+    def summary(self) -> dict[Any, Any]:
         """``token_watched``: embeddings whose reference is built (the absence of a token shift
         is then an observation)."""
         n = sum(d.reference_ready for d in self._detectors.values())
-        return {"token_watched": float(n)} if n else {}
+        return {TOKEN_WATCHED: n} if n else {}
+
+    def steps(self) -> dict[Any, int]:
+        """Watched from the step the first reference was complete."""
+        return {TOKEN_WATCHED: self._ready_at} if self._ready_at is not None else {}

@@ -1,0 +1,230 @@
+"""The root causes' own signatures: the step size, the initial weight scale, what a fine-tune kept.
+
+The symptom nodes read what a failure *looks like*; these read what each cause *is*, measured
+directly, so they hold on models whose symptoms look different from the zoo's:
+
+* ``step_size`` -- the update-to-weight ratio ``||w_after - w_before|| / ||w_before||`` the
+  optimizer took over its first measured steps, read at the run's peak learning rate
+  (``step_ratio_median``: the median layer; ``step_ratio_max``: the fastest layer; measured by
+  ``neuraldbg/monitor/measurements/step_size.py``). The signature of ``learning_rate``.
+* ``init_scale`` -- the weights' RMS on entry against the nearest reference scale of their type
+  and fan-in (``init_scale_log10``: the median over weight matrices of ``log10(rms / reference)``).
+  For low-rank adapters (LoRA) the reference is zero: ``adapter_ratio`` is the median over
+  adapters of ``||B A|| / ||W||``. The signature of ``initialization``.
+* ``retention`` -- with a reference loss (``NeuralDbg(..., reference=fn)``: a held-out batch of
+  the task a fine-tune must keep), the share of its pre-trained margin to chance that the run
+  gave up: ``(tail - first) / (ln K - first)`` from the value on entry to the median of the last
+  quarter of the values.
+
+Cut points (reasoning in ``docs/causal_model.md``):
+
+* ``STEP_TINY``/``STEP_LARGE`` -- healthy runs of both suites take 0.005..0.1 per step (the median
+  layer; the fastest layer 0.008..0.13), SGD and Adam alike. Below ``STEP_TINY`` in *every*
+  layer the weights cannot move measurably in thousands of steps; above ``STEP_LARGE`` in the
+  median layer every step rewrites a fifth of each weight matrix. Between ``STEP_ELEVATED`` and
+  ``STEP_LARGE`` is "elevated": five times the textbook 1e-2, where small models with large
+  learning rates still train but a fine-tune forgets and a GAN's players overshoot; weaker
+  evidence, whose weight each family's fitted table decides.
+* ``INIT_LOG10_CUT`` -- healthy models of both suites sit within 0.05 (log10) of a reference
+  scale; ``0.5`` is a factor of 3.2 off *every* reference of the layer, ten times that band.
+* ``ADAPTER_LARGE`` -- LoRA zero-initializes ``B`` so fine-tuning starts at the pre-trained
+  function (ratio exactly 0, as in every healthy adapter of both suites); an adapter that starts
+  at half the norm of the layer it adapts has replaced a large part of it at step 0.
+* ``RETENTION_PARTIAL``/``RETENTION_LOST`` -- a quarter and a half of the margin between the
+  reference's starting loss and chance: the zoo's healthy LoRA fine-tunes give up 0.10..0.17
+  (15 runs), so "partial" is half again the top of that and "lost" means that half of what
+  pre-training taught is gone. Without a chance level above the start (an unknown output size,
+  a loss that is not a cross-entropy), the margin is the starting loss itself (lost: +50%).
+"""
+from __future__ import annotations
+
+from neuraldbg.causal.nodes.run import chance_loss
+from neuraldbg.causal.structure import Reading, Table
+from neuraldbg.causal.view import TraceView
+from neuraldbg.trace import Signature
+
+#: where these nodes stand among the others (neuraldbg/causal/nodes/__init__.py)
+ORDER = 40
+
+STEP_TINY = 1e-4
+STEP_ELEVATED = 0.05
+STEP_LARGE = 0.2
+INIT_LOG10_CUT = 0.5
+ADAPTER_LARGE = 0.5
+RETENTION_PARTIAL = 0.25
+RETENTION_LOST = 0.5
+#: reference values below which retention is not read (the first one and a tail)
+MIN_REFERENCE_POINTS = 3
+
+STEP_RATIO_MEDIAN = Signature("step_ratio_median", "number", "window", "median",
+                              "update/weight ratio per step of the median layer, median over the window, "
+                              "read at the peak learning rate", lo=0)
+STEP_RATIO_MAX = Signature("step_ratio_max", "number", "window", "max",
+                           "update/weight ratio per step of the fastest layer, median over the window, "
+                           "read at the peak learning rate", lo=0)
+STEP_RATIO_STEPS = Signature("step_ratio_steps", "integer", "window", "min", "optimizer steps measured", lo=0)
+INIT_SCALE_LOG10 = Signature("init_scale_log10", "number", "entry", "median",
+                             "median over weight matrices of log10(rms / nearest reference scale) on entry")
+INIT_SCALE_N = Signature("init_scale_n", "integer", "entry", "lead", "weight matrices measured on entry", lo=0)
+ADAPTER_RATIO = Signature("adapter_ratio", "number", "entry", "median",
+                          "median over low-rank adapters of ||B A|| / ||W|| on entry", lo=0)
+ADAPTER_N = Signature("adapter_n", "integer", "entry", "lead", "low-rank adapters found", lo=0)
+REFERENCE_FIRST = Signature("reference_first", "number", "entry", "median",
+                            "the reference loss of the model as training found it")
+REFERENCE_TAIL = Signature("reference_tail", "number", "run", "median",
+                           "median of the last quarter of the reference losses")
+REFERENCE_N = Signature("reference_n", "integer", "run", "min", "reference losses recorded", lo=0)
+REFERENCE_NONFINITE = Signature("reference_nonfinite", "integer", "run", "max",
+                                "reference losses that were not finite", lo=0)
+
+SIGNATURES = (STEP_RATIO_MEDIAN, STEP_RATIO_MAX, STEP_RATIO_STEPS, INIT_SCALE_LOG10, INIT_SCALE_N,
+              ADAPTER_RATIO, ADAPTER_N, REFERENCE_FIRST, REFERENCE_TAIL, REFERENCE_N, REFERENCE_NONFINITE)
+
+
+def step_size_state(median_ratio: float | None, max_ratio: float | None = None) -> str | None:
+    """'normal', 'tiny', 'elevated' or 'large' from the update ratios (``None``: not measured).
+
+    "Tiny" reads the largest ratio of *any* layer: vanishing gradients shrink the updates of the
+    input-side layers under plain SGD, but the output side still moves; a learning rate that
+    is too low holds every layer still. "Large" reads the median over layers, so one layer
+    with near-zero weights (a fresh bias, a norm offset) cannot make a whole run look large.
+    """
+    if median_ratio is None:
+        return None
+    top = median_ratio if max_ratio is None else max(max_ratio, median_ratio)
+    if top < STEP_TINY:
+        return "tiny"
+    if median_ratio > STEP_LARGE:
+        return "large"
+    if median_ratio > STEP_ELEVATED:
+        return "elevated"
+    return "normal"
+
+
+def init_scale_state(log10_factor: float | None) -> str | None:
+    """'normal', 'small' or 'large' from the median log10 weight-scale factor."""
+    if log10_factor is None:
+        return None
+    if log10_factor < -INIT_LOG10_CUT:
+        return "small"
+    if log10_factor > INIT_LOG10_CUT:
+        return "large"
+    return "normal"
+
+
+def retention_fraction(first: float, tail: float, chance: float | None) -> float | None:
+    """Share of the reference's margin given up: ``(tail - first) / (chance - first)``, or
+    ``(tail - first) / first`` without a chance level above ``first`` (None when neither
+    margin is positive). Negative when the reference improved. Pure."""
+    margin = chance - first if chance is not None and chance > first else first
+    return (tail - first) / margin if margin > 0 else None
+
+
+def retention_state(fraction: float | None) -> str | None:
+    """'kept', 'partial' or 'lost' from :func:`retention_fraction` (None: not measured)."""
+    if fraction is None:
+        return None
+    if fraction > RETENTION_LOST:
+        return "lost"
+    return "partial" if fraction > RETENTION_PARTIAL else "kept"
+
+
+def retention_not_kept(state: object) -> bool:
+    """Whether an observed ``retention`` state says the run gave up part of its reference
+    (then the reference is a symptom: a hypothesis' sentence, verification's outcome)."""
+    return state in ("partial", "lost")
+
+
+def step_size(view: TraceView) -> Reading | None:
+    """The step size the optimizer took, from the update/weight ratios of the first steps."""
+    sigs = view.signatures
+    med, top = sigs.number(STEP_RATIO_MEDIAN), sigs.number(STEP_RATIO_MAX)
+    state = step_size_state(med, top)
+    if state is None:
+        return Reading(None, reason="no optimizer step was measured")
+    return Reading(state, (), (f"update/weight ratio {med:.3g} per step (median layer"
+                               + (f", {top:.3g} in the fastest layer" if top is not None else "") + f"; {state})"))
+
+
+def init_scale(view: TraceView) -> Reading | None:
+    """The weights' scale on entry against their reference scales (or adapters' start)."""
+    sigs = view.signatures
+    a = sigs.number(ADAPTER_RATIO)
+    if a is not None and a > ADAPTER_LARGE:  # adapters' reference is zero: B = 0 at the start
+        return Reading("large", (), (f"low-rank adapters start at {a:.3g}x the norm of the frozen layers they "
+                                     "adapt (LoRA starts at 0: B = 0)"))
+    f = sigs.number(INIT_SCALE_LOG10)
+    state = init_scale_state(f)
+    if state is None:
+        return Reading(None, reason="no weight matrix was measured on entry")
+    return Reading(state, (), f"weights {10 ** f:.3g}x their reference scale at the first step ({state})")
+
+
+def retention(view: TraceView) -> Reading | None:
+    """How much of the reference task's margin to chance the run gave up."""
+    sigs = view.signatures
+    first, tail = sigs.number(REFERENCE_FIRST), sigs.number(REFERENCE_TAIL)
+    n = sigs.number(REFERENCE_N) or 0
+    if first is None or tail is None or n < MIN_REFERENCE_POINTS:
+        return Reading(None, reason="no reference loss was given (NeuralDbg(reference=fn))" if first is None
+                       else "too few finite reference losses")
+    chance = chance_loss(sigs)
+    frac = retention_fraction(first, tail, chance)
+    state = retention_state(frac)
+    if state is None:
+        return Reading(None, reason="the reference loss has no margin to lose")
+    to = f"chance ({chance:.3g})" if chance is not None and chance > first else "its own start"
+    return Reading(state, (), (f"the reference loss went from {first:.3g} to {tail:.3g}: {frac:.0%} of its margin "
+                               f"to {to} given up ({state})"))
+
+
+NODES = (
+    Table(
+        "step_size", ("normal", "tiny", "large", "elevated"), parents=("initialization", "learning_rate"),
+        rows=(
+            ({"learning_rate": "too_high"}, (0.08, 0.01, 0.75, 0.16)),
+            ({"learning_rate": "too_low"}, (0.08, 0.90, 0.01, 0.01)),
+            ({"initialization": "too_small"}, (0.35, 0.05, 0.40, 0.20)),
+            ({"initialization": "too_large"}, (0.45, 0.45, 0.05, 0.05)),
+            ({}, (0.85, 0.015, 0.015, 0.12)),
+        ),
+        why="The update-to-weight ratio ||w_after - w_before|| / ||w_before|| per layer at its "
+            "peak over the run (median over layers): the step size the optimizer actually took. "
+            "A healthy run peaks around 1e-4..1e-2 per step. Its only parents are the learning "
+            "rate and the weight scale it is relative to: an adaptive optimizer takes steps of "
+            "about lr whatever the weights, so tiny weights read as large steps and huge "
+            "weights as tiny ones; the initialization signature tells those apart.",
+        extract=step_size,
+    ),
+    Table(
+        "init_scale", ("normal", "small", "large"), parents=("initialization",),
+        rows=(
+            ({"initialization": "too_small"}, (0.08, 0.90, 0.02)),
+            ({"initialization": "too_large"}, (0.08, 0.02, 0.90)),
+            ({}, (0.99, 0.005, 0.005)),
+        ),
+        why="The weights' RMS at the first checked step against the nearest reference scale of "
+            "their type and fan-in (PyTorch's default kaiming-uniform, Xavier, Kaiming, the std "
+            "0.02 of transformer libraries), as the median over weight matrices: a direct "
+            "signature of the initialization, whatever normalization or Adam later hide. Weights "
+            "that are exactly zero by design (a LoRA B, a zero-init projection) are left out.",
+        extract=init_scale,
+    ),
+    Table(
+        "retention", ("kept", "partial", "lost"), parents=("data", "learning_rate"),
+        rows=(
+            ({"learning_rate": "too_high"}, (0.15, 0.25, 0.60)),
+            ({"data": "shifted"}, (0.40, 0.25, 0.35)),
+            ({"data": "corrupted"}, (0.60, 0.20, 0.20)),
+            ({"learning_rate": "too_low"}, (0.97, 0.02, 0.01)),
+            ({}, (0.85, 0.12, 0.03)),
+        ),
+        why="How much of a reference task the run gave up (observed only when the user gives "
+            "NeuralDbg a reference loss: a fine-tune's pre-training task on a held-out batch): "
+            "the share of its margin to chance lost by the end of the run. A fine-tune at a "
+            "step size that rewrites the pre-trained weights forgets it while learning the new "
+            "task as well as a healthy one; training on shifted data overwrites it too. A "
+            "healthy fine-tune gives some of it up, a too-low learning rate none.",
+        extract=retention,
+    ),
+)

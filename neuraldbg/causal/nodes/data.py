@@ -1,0 +1,173 @@
+"""Symptoms of the data: NaN/Inf, a distribution shift, faults in the targets.
+
+Cut points (reasoning in ``docs/causal_model.md``):
+
+* ``SUDDEN_WINDOW`` -- a NaN/Inf born inside the network is "after" instability when an
+  exploding-gradient, spike or divergence event was active within this many steps before it,
+  "sudden" otherwise (overflow builds up; a malformed sample does not).
+* ``TOKEN_INPUT_TYPES`` -- when the first monitored layer is one of these (token ids in), the
+  input distribution is that of the ids: ``data_shift`` is observed only once the token watch
+  (``neuraldbg/monitor/measurements/tokens.py``) has built its warm-up reference (``token_watched``).
+* ``LEARNED``/``BACK``/``CEILING`` -- "back to chance": the loss had fallen below ``LEARNED`` x its
+  reference level, and the last ``LOSS_TAIL`` of the run sits between ``BACK`` and ``CEILING`` x
+  the reference (shuffled labels return a classifier to ``ln K``, not above it).
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from neuraldbg.causal.nodes.loss import MIN_LOSS_POINTS, median
+from neuraldbg.causal.nodes.run import chance_loss
+from neuraldbg.causal.structure import NoisyMax, Reading, Table
+from neuraldbg.causal.view import TraceView
+from neuraldbg.events.base import DATA, GRADIENT, OPTIMIZER
+from neuraldbg.trace import Signature
+from neuraldbg.vocab import has_trait
+
+#: where these nodes stand among the others (neuraldbg/causal/nodes/__init__.py)
+ORDER = 20
+
+SUDDEN_WINDOW = 5
+LEARNED = 0.6
+BACK = 0.85
+CEILING = 1.5
+LOSS_TAIL = 0.2
+
+#: first-layer types that take integer token ids (no float input to watch for shifts)
+TOKEN_INPUT_TYPES = frozenset({"Embedding", "EmbeddingBag"})
+
+TOKEN_WATCHED = Signature("token_watched", "integer", "window", "max",
+                          "embeddings whose token-id reference is built (a token shift is then observable)", lo=0)
+SIGNATURES = (TOKEN_WATCHED,)
+
+_INSTABILITY = {(GRADIENT, "exploding"), (OPTIMIZER, "spike"), (OPTIMIZER, "divergence")}
+
+
+def data_nan(view: TraceView) -> Reading | None:
+    """First NaN/Inf: at the input, or born inside (after instability, or out of a calm run)."""
+    nan = view.of_kind(DATA, "nan", "inf")
+    if not nan:
+        return Reading("absent") if view.watched else Reading(None, reason="no layer was monitored")
+    first = view.first(nan)
+    at_input = first.measured.get("at_input")
+    inside = (at_input == 0.0) if at_input is not None else (view.trace.layer_index(first.layer) not in (0, None))
+    if not inside:
+        state, how = "input", "at the input"
+    else:
+        # a divergence event raised by the non-finite loss itself is the NaN, not a cause of it
+        before = [e for e in view.events if (e.type, e.kind) in _INSTABILITY and e.step < first.step
+                  and e.end_step >= first.step - SUDDEN_WINDOW and not e.measured.get("nonfinite")]
+        state = "inside_after" if before else "inside_sudden"
+        how = ("born inside the network after " + ", ".join(sorted({e.kind for e in before}))) if before \
+            else "born inside the network out of a calm run"
+    return Reading(state, tuple(nan), f"first {first.kind} {how} ({first.layer}) at step {first.step}")
+
+
+def data_shift(view: TraceView) -> Reading | None:
+    """A shift of the input distribution against its warm-up, at the input or only inside."""
+    shift = view.of_kind(DATA, "shift")
+    trace = view.trace
+    if shift:
+        first = view.first(shift)
+        at_input = trace.layer_index(first.layer) == 0 or first.measured.get("at_input", 0.0) == 1.0
+        return Reading("input" if at_input else "inside", tuple(shift),
+                       f"input distribution shift at {first.layer}, step {first.step}")
+    if not view.watched:
+        return Reading(None, reason="no layer was monitored")
+    token_input = min(trace.layers, key=lambda li: li.index).type in TOKEN_INPUT_TYPES
+    if token_input and not (view.signatures.number(TOKEN_WATCHED) or 0) > 0:
+        return Reading(None, reason="token ids are read by their histogram, whose reference was not built yet")
+    return Reading("absent")
+
+
+def back_to_chance(values: Sequence[float], reference: float) -> bool:
+    """Whether a loss curve fell below ``LEARNED`` x ``reference`` and then went back to it:
+    its last ``LOSS_TAIL`` between ``BACK`` and ``CEILING`` x ``reference`` (medians of short
+    windows, so a single noisy point decides nothing). A loss far *above* its chance level is
+    a blow-up, not labels that stopped matching. Pure: finite floats in."""
+    n = len(values)
+    if n < MIN_LOSS_POINTS or reference <= 0:
+        return False
+    w = max(3, n // 20)
+    tail_start = n - max(w, int(n * LOSS_TAIL))
+    lows = [median(values[i:i + w]) for i in range(0, max(1, tail_start - w + 1))]
+    tail = median(values[tail_start:])
+    return min(lows) < LEARNED * reference and BACK * reference < tail < CEILING * reference
+
+
+def target_fault(view: TraceView) -> Reading | None:
+    """Faults in the targets the input statistics cannot see: a loss turned non-finite while the
+    run was calm and every monitored input and output finite, or a return to chance level."""
+    trace, events = view.trace, view.events
+    loss = trace.loss
+    if loss.n == 0:
+        return Reading(None, reason="no loss was recorded")
+    s = loss.first_nonfinite_step
+    if s is not None:
+        data_before = [e for e in events if e.type == DATA and e.kind in ("nan", "inf") and e.step <= s]
+        unstable = [e for e in events if e.step < s and ((e.type, e.kind) == (GRADIENT, "exploding") or (
+            e.type == OPTIMIZER and e.kind in ("spike", "divergence") and not e.measured.get("nonfinite")))]
+        if not data_before and not unstable:
+            return Reading("nonfinite_loss_first", (),
+                           f"the loss turned non-finite at step {s} while inputs and layer outputs were finite")
+        return Reading("absent")
+    if has_trait(trace.family, "non_monotone"):
+        return Reading(None, reason=f"a {trace.family} loss does not fall monotonically: a return to chance "
+                                    "means nothing")
+    vals = [v for _, v in loss.history if math.isfinite(v)]
+    if len(vals) < MIN_LOSS_POINTS:
+        return Reading(None, reason=f"fewer than {MIN_LOSS_POINTS} finite losses recorded")
+    head = median(vals[:max(3, len(vals) // 20)])
+    chance = chance_loss(view.signatures)
+    # a start near ln K says the loss is a cross-entropy at chance: measure returns against that
+    ref = chance if chance is not None and abs(head - chance) < 0.5 * chance else head
+    if ref > 0 and back_to_chance(vals, ref):
+        return Reading("back_to_chance", (), f"the loss learned, then went back to its chance level {ref:.3g}")
+    return Reading("absent")
+
+
+NODES = (
+    NoisyMax(
+        "data_nan", ("absent", "inside_after", "inside_sudden", "input"),
+        leak={"inside_after": 0.003, "inside_sudden": 0.003, "input": 0.001},
+        effects={
+            "data=corrupted": {"input": 0.62, "inside_sudden": 0.12},
+            "instability=training": {"inside_after": 0.30, "inside_sudden": 0.05},
+            "instability=init": {"inside_after": 0.15, "inside_sudden": 0.15},
+        },
+        why="First NaN/Inf: at the model's input boundary (the data carried it in); born "
+            "inside after gradients or loss were already growing (overflow); or born inside "
+            "out of a healthy run (a malformed sample reaching the net by another path: an "
+            "all-masked attention row, a sub-network's own input).",
+        extract=data_nan,
+    ),
+    NoisyMax(
+        "data_shift", ("absent", "inside", "input"),
+        leak={"inside": 0.03, "input": 0.01},
+        effects={
+            "data=shifted": {"input": 0.85},
+            "data=corrupted": {"input": 0.10},
+            "instability=training": {"inside": 0.30},
+            "instability=init": {"inside": 0.10},
+        },
+        why="Distribution shift of a layer's input against its own warm-up reference: at the "
+            "input boundary (the data changed) or only inside (the weights changed).",
+        extract=data_shift,
+    ),
+    Table(
+        "target_fault", ("absent", "nonfinite_loss_first", "back_to_chance"), parents=("data", "instability"),
+        rows=(
+            ({"data": "corrupted"}, (0.60, 0.15, 0.25)),
+            ({"instability": "training"}, (0.93, 0.05, 0.02)),
+            ({"instability": "init"}, (0.95, 0.03, 0.02)),
+            ({"data": "shifted"}, (0.93, 0.02, 0.05)),
+            ({}, (0.99, 0.004, 0.006)),
+        ),
+        why="Faults in the targets, which the input statistics cannot see: the loss turned "
+            "non-finite while every monitored input and layer output at that step was finite "
+            "(a NaN or Inf target), or the loss, after having learned, went back to its "
+            "chance level and stayed there (labels shuffled or misaligned).",
+        extract=target_fault,
+    ),
+)

@@ -1,0 +1,66 @@
+"""Structural evidence read from the layer list: a deep plain stack, or a deep saturating one.
+
+Cut points (reasoning in ``docs/causal_model.md``): ``depth_risk`` is "deep" with at least
+``DEEP_LAYERS`` parameter layers and no normalization layer, "deep_saturating" with at least
+``SATURATING_DEPTH`` saturating activation modules (sigmoid, tanh...) and no normalization.
+"""
+from __future__ import annotations
+
+from neuraldbg.causal.structure import Reading, Table
+from neuraldbg.causal.view import TraceView
+from neuraldbg.trace import Trace
+
+#: where these nodes stand among the others (neuraldbg/causal/nodes/__init__.py)
+ORDER = 50
+
+DEEP_LAYERS = 12
+SATURATING_DEPTH = 6
+
+SATURATING_TYPES = frozenset({"Sigmoid", "Tanh", "Hardtanh", "Hardsigmoid", "Softsign", "LogSigmoid",
+                              "Tanhshrink"})
+NORM_TYPES = frozenset({"BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "LayerNorm",
+                        "GroupNorm", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "RMSNorm",
+                        "LocalResponseNorm", "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d"})
+
+
+def _counts(trace: Trace) -> tuple[int, int, int]:
+    """(parameter layers that are not normalization, saturating activations, normalization layers)."""
+    types = [li.type for li in trace.layers]
+    n_param = sum(1 for li in trace.layers if li.n_params > 0 and li.type not in NORM_TYPES)
+    return n_param, sum(t in SATURATING_TYPES for t in types), sum(t in NORM_TYPES for t in types)
+
+
+def depth_risk_state(trace: Trace) -> str | None:
+    """'low', 'deep' or 'deep_saturating' from the layer list (None: no layers)."""
+    if not trace.layers:
+        return None
+    n_param, n_sat, n_norm = _counts(trace)
+    if n_norm == 0 and n_sat >= SATURATING_DEPTH:
+        return "deep_saturating"
+    if n_norm == 0 and n_param >= DEEP_LAYERS:
+        return "deep"
+    return "low"
+
+
+def depth_risk(view: TraceView) -> Reading | None:
+    """Structural risk of the monitored model."""
+    risk = depth_risk_state(view.trace)
+    if risk is None:
+        return Reading(None, reason="no layer was monitored")
+    n_param, n_sat, n_norm = _counts(view.trace)
+    return Reading(risk, (), f"{n_param} parameter layers, {n_sat} saturating activations, "
+                             f"{n_norm} normalization layers ({risk})")
+
+
+NODES = (
+    Table(
+        "depth_risk", ("low", "deep", "deep_saturating"), parents=("architecture",),
+        rows=(
+            ({"architecture": "ok"}, (0.88, 0.09, 0.03)),
+            ({"architecture": "unstable"}, (0.35, 0.30, 0.35)),
+        ),
+        why="Structural evidence read from the layer list: a deep plain stack without "
+            "normalization, or a stack of saturating activations.",
+        extract=depth_risk,
+    ),
+)

@@ -1,0 +1,184 @@
+"""Symptoms in the layers: exploding and vanishing gradients, saturated and dead activations.
+
+Each reads the first event of its kind and when it started. A layer variable is **observed** when
+the trace could have shown it -- gradient evidence needs monitored layers with parameters,
+saturation a bounded activation module, dead units a ReLU module -- and unobserved otherwise (the
+engine then marginalizes it): the absence of an event is evidence only where its detector ran.
+
+Cut points (reasoning in ``docs/causal_model.md``):
+
+* ``SMALL_SIGNAL`` -- at a vanishing onset at init, the median output RMS (``out_rms``) of the
+  vanishing layers under which the forward signal is "small too" (``init_uniform``: every weight
+  is small) rather than normal (``init_depth``: only the backward signal decays through depth).
+  Default-initialized layers on normalized inputs output RMS 0.1..1; weights scaled down 100x
+  or more land below 1e-2.
+* ``COUPLING_LAYERS``/``COUPLING_STEPS`` -- saturation at init is "with vanishing" when a vanishing
+  event starts at most ``COUPLING_STEPS`` steps from it, at most ``COUPLING_LAYERS`` layers away
+  in forward order.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from neuraldbg.causal.structure import NoisyMax, Reading
+from neuraldbg.causal.view import TraceView
+from neuraldbg.events.base import ACTIVATION, GRADIENT, Event
+
+#: where these nodes stand among the others (neuraldbg/causal/nodes/__init__.py)
+ORDER = 10
+
+SMALL_SIGNAL = 1e-2
+COUPLING_LAYERS = 2
+COUPLING_STEPS = 5
+
+#: activation modules on which the monitor measures saturation / dead units: absence of those
+#: events is evidence only when the model has such modules
+BOUNDED_TYPES = frozenset({"Sigmoid", "Tanh", "Hardtanh", "Hardsigmoid", "Softsign", "Softmax"})
+RELU_TYPES = frozenset({"ReLU", "ReLU6"})
+
+NO_GRADIENT_LAYER = "no monitored layer owns parameters"
+
+
+def _onset(view: TraceView, events: list[Event], note: Callable[[Event], str]) -> Reading:
+    """'init' (or {init, later} for alternating families) when the first event starts at init,
+    else 'later'; every event of the kind as support."""
+    first = view.first(events)
+    state = view.phase("init") if view.is_init(first.step) else "later"
+    return Reading(state, tuple(events), note(first))
+
+
+def exploding(view: TraceView) -> Reading | None:
+    """First exploding-gradient event, by onset phase."""
+    expl = view.of_kind(GRADIENT, "exploding")
+    if expl:
+        return _onset(view, expl, lambda f: f"first exploding gradients in {f.layer} at step {f.step}")
+    return Reading("absent") if view.grad_layers else Reading(None, reason=NO_GRADIENT_LAYER)
+
+
+def vanishing_signal(van: list[Event], view: TraceView) -> str | tuple[str, ...]:
+    """'init_uniform' when the vanishing layers' outputs are tiny too, else 'init_depth';
+    both (a partial observation) when the events carry no output scale."""
+    rms = sorted(e.measured["out_rms"] for e in van
+                 if view.is_init(e.step) and "out_rms" in e.measured
+                 and e.measured["out_rms"] == e.measured["out_rms"])
+    if not rms:
+        return ("init_depth", "init_uniform")
+    return "init_uniform" if rms[len(rms) // 2] < SMALL_SIGNAL else "init_depth"
+
+
+def vanishing(view: TraceView) -> Reading | None:
+    """First vanishing-gradient events, by onset phase and forward signal. Small gradients on a
+    loss that keeps improving are no evidence: learning is not stuck (attention query/key
+    gradients at init, a loss converging near its floor)."""
+    from neuraldbg.causal.nodes.loss import loss_pattern_of
+
+    van = view.of_kind(GRADIENT, "vanishing")
+    if not van:
+        return Reading("absent") if view.grad_layers else Reading(None, reason=NO_GRADIENT_LAYER)
+    first = view.first(van)
+    state = vanishing_signal(van, view) if view.is_init(first.step) else "later"
+    note = f"first vanishing gradients in {first.layer} at step {first.step} ({state})"
+    if loss_pattern_of(view).state == "decreasing":
+        return Reading(None, tuple(van), note + "; not evidence: the loss keeps improving",
+                       reason="small gradients while the loss keeps improving are no sign of a stuck signal")
+    return Reading(state, tuple(van), note)
+
+
+def saturation(view: TraceView) -> Reading | None:
+    """Bounded activations pinned at their bounds, by onset; 'init_vanishing' when vanishing
+    gradients start next to them (the deep-sigmoid signature)."""
+    sat = view.of_kind(ACTIVATION, "saturated")
+    if not sat:
+        if view.watched and view.layer_types & BOUNDED_TYPES:
+            return Reading("absent")
+        return Reading(None, reason="no bounded activation module (sigmoid, tanh, softmax...) is monitored")
+    van = view.of_kind(GRADIENT, "vanishing")
+    first = view.first(sat)
+
+    def near(a: Event, b: Event) -> bool:
+        return view.near(a, b, COUPLING_LAYERS, COUPLING_STEPS) and abs(b.step - a.step) <= COUPLING_STEPS
+
+    if view.is_init(first.step):
+        early = [x for x in sat if view.is_init(x.step)]
+        coupled = [x for x in early if any(near(x, v) for v in van)]
+        state = view.phase("init_vanishing" if coupled else "init")
+        support = tuple(sat) + tuple(v for v in van if any(near(x, v) for x in coupled))
+    else:
+        state, support = "later", tuple(sat)
+    note = (f"saturated activations first in {first.layer} at step {first.step}"
+            + (", next to vanishing gradients" if state == "init_vanishing" else ""))
+    return Reading(state, support, note)
+
+
+def dead(view: TraceView) -> Reading | None:
+    """ReLU units never active, by onset phase."""
+    ev = view.of_kind(ACTIVATION, "dead")
+    if ev:
+        return _onset(view, ev, lambda f: f"dead units first in {f.layer} at step {f.step}")
+    if view.watched and view.layer_types & RELU_TYPES:
+        return Reading("absent")
+    return Reading(None, reason="no ReLU module is monitored")
+
+
+NODES = (
+    NoisyMax(
+        "exploding", ("absent", "later", "init"),
+        leak={"later": 0.02, "init": 0.005},
+        effects={
+            "instability=training": {"later": 0.75, "init": 0.02},
+            "instability=init": {"init": 0.75, "later": 0.15},
+            "data=corrupted": {"later": 0.40},
+        },
+        why="First exploding-gradient event, by onset phase. Non-finite gradients from a "
+            "NaN batch also read as exploding, hence the direct edge from data=corrupted.",
+        extract=exploding,
+    ),
+    NoisyMax(
+        "vanishing", ("absent", "later", "init_depth", "init_uniform"),
+        leak={"later": 0.03, "init_depth": 0.01, "init_uniform": 0.005},
+        effects={
+            "signal_decay=depth": {"init_depth": 0.70, "init_uniform": 0.03, "later": 0.10},
+            "signal_decay=uniform": {"init_uniform": 0.45, "init_depth": 0.35, "later": 0.05},
+            "instability=training": {"later": 0.25},
+            "instability=init": {"later": 0.20},
+        },
+        why="First vanishing-gradient events, by onset phase and by what the forward signal "
+            "does at onset: 'init_depth' when layer outputs keep a normal scale (only the "
+            "backward signal decays through depth), 'init_uniform' when the outputs are tiny "
+            "too (every weight is small; biases often keep outputs normal, hence the weight of "
+            "'init_depth' under 'uniform'). Units killed by a blow-up stop gradients ('later').",
+        extract=vanishing,
+    ),
+    NoisyMax(
+        "saturation", ("absent", "later", "init", "init_vanishing"),
+        leak={"later": 0.03, "init": 0.01, "init_vanishing": 0.003},
+        effects={
+            "signal_decay=depth": {"init_vanishing": 0.45, "init": 0.10},
+            "initialization=too_large": {"init": 0.45},
+            "instability=init": {"init": 0.30, "init_vanishing": 0.10},
+            "instability=training": {"later": 0.35},
+            "data=shifted": {"later": 0.30},
+        },
+        why="Bounded activations (sigmoid, tanh, softmax) pinned at their bounds, by onset: "
+            "from the first step (weights or depth), with vanishing gradients in the same or "
+            "an adjacent layer (the deep-sigmoid signature), or only after updates / an input "
+            "change ('later': e.g. attention collapse under a too-large step size). Weights too "
+            "large push pre-activations into the tails from step 0 whether or not anything "
+            "blows up (query/key weights too large: one-hot attention rows), hence the direct "
+            "edge from the initialization besides the one through instability.",
+        extract=saturation,
+    ),
+    NoisyMax(
+        "dead", ("absent", "later", "init"),
+        leak={"later": 0.03, "init": 0.01},
+        effects={
+            "instability=training": {"later": 0.35},
+            "instability=init": {"init": 0.15, "later": 0.25},
+            "signal_decay=uniform": {"init": 0.15},
+            "data=shifted": {"later": 0.20},
+        },
+        why="ReLU units never active. Large updates and input scale jumps push units into "
+            "the dead region during training.",
+        extract=dead,
+    ),
+)

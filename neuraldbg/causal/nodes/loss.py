@@ -1,0 +1,217 @@
+"""Symptoms in the loss: its pattern over the run, its start, and what came first.
+
+``loss_pattern`` is one variable so a spike, a divergence and a NaN loss are one observation;
+its states are ordered by precedence and the worst pattern seen is the one observed. Families
+whose objective is a game (the ``non_monotone`` trait: GAN, RL) read only blow-ups beyond
+``GAME_BAND``; their progress is no evidence.
+
+Cut points (reasoning in ``docs/causal_model.md``):
+
+* ``MIN_LOSS_POINTS`` -- fewer recorded losses than this: slow vs decreasing is unknowable.
+* ``FLAT_REL``/``SLOW_REL`` -- relative improvement of the loss (median of the first vs the last
+  ``LOSS_EDGE`` fraction of the history) under which the curve is "flat" or "slow".
+* ``START_CHANCE_FACTOR`` -- ``loss_start`` is "high" when the first loss is above this many times
+  ``ln K`` (an untrained classifier starts near ``ln K`` however fast it then learns); without a
+  known ``K``, ``START_FACTOR``/``MIN_START_POINTS``: more than ``START_FACTOR`` times the median
+  of the second half of the run (at least ``MIN_START_POINTS`` finite losses). Healthy curves
+  drop 3-50x over a short run; a forward pass blown up by the weights starts orders of magnitude
+  above where it settles.
+* ``GAME_BAND`` -- GAN and RL losses swing with the game; a loss this many times its start (the
+  median of the first ``LOSS_HEAD`` of the run) is a blow-up.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from neuraldbg.causal.nodes.run import chance_loss
+from neuraldbg.causal.structure import NoisyMax, Reading, Table
+from neuraldbg.causal.view import TraceView
+from neuraldbg.events.base import GRADIENT, OPTIMIZER, Event
+from neuraldbg.trace import Trace
+from neuraldbg.vocab import has_trait
+
+#: where these nodes stand among the others (neuraldbg/causal/nodes/__init__.py)
+ORDER = 30
+
+MIN_LOSS_POINTS = 20
+LOSS_EDGE = 0.1
+FLAT_REL = 0.02
+SLOW_REL = 0.10
+START_FACTOR = 100.0
+MIN_START_POINTS = 10
+START_CHANCE_FACTOR = 4.0
+GAME_BAND = 50.0
+LOSS_HEAD = 0.1
+MIN_RISE_POINTS = 10
+
+#: loss-pattern states that say "no instability" (a partial observation when progress is unknowable)
+CALM_LOSS = ("decreasing", "slow", "flat")
+
+
+def median(xs: Sequence[float]) -> float:
+    """The upper median of ``xs`` (no interpolation: a value that occurred)."""
+    s = sorted(xs)
+    return s[len(s) // 2]
+
+
+def relative_improvement(values: list[float]) -> float:
+    """(median of the first ``LOSS_EDGE`` of the values - median of the last) / |first median|."""
+    n = len(values)
+    k = max(1, int(round(n * LOSS_EDGE)))
+    head = sorted(values[:k])[k // 2]
+    tail = sorted(values[-k:])[k // 2]
+    if head == 0:
+        return 0.0
+    return (head - tail) / abs(head)
+
+
+def loss_rise(trace: Trace) -> float | None:
+    """Largest finite ``|loss|`` over the median ``|loss|`` of the first ``LOSS_HEAD`` of the run
+    (None with fewer than ``MIN_RISE_POINTS`` finite losses or a zero start)."""
+    vals = [abs(v) for _, v in trace.loss.history if v == v and abs(v) != float("inf")]
+    if len(vals) < MIN_RISE_POINTS:
+        return None
+    head = sorted(vals[:max(1, int(len(vals) * LOSS_HEAD))])
+    ref = head[len(head) // 2]
+    return max(vals) / ref if ref > 0 else None
+
+
+def loss_pattern(view: TraceView) -> Reading | None:
+    """The loss pattern (a state, a set of states, or unobserved when no loss was recorded)."""
+    trace, loss = view.trace, view.trace.loss
+    opt = [e for e in view.events if e.type == OPTIMIZER]
+    nonfinite = [e for e in opt if e.kind == "divergence" and e.measured.get("nonfinite", 0.0) > 0]
+    if loss.n_nonfinite > 0 or nonfinite:
+        step = loss.first_nonfinite_step if loss.first_nonfinite_step is not None else nonfinite[0].step
+        return Reading("nonfinite", tuple(nonfinite), f"non-finite loss from step {step}")
+    div = [e for e in opt if e.kind == "divergence"]
+    spikes = [e for e in opt if e.kind == "spike"]
+    if has_trait(trace.family, "non_monotone"):
+        return _game_pattern(trace, div, spikes)
+    if div:
+        return Reading("divergence", tuple(div), f"loss diverges from step {div[0].step}")
+    if spikes:
+        return Reading("spike", tuple(spikes), f"loss spike at step {spikes[0].step}")
+    if loss.n == 0 and not opt:
+        return Reading(None, reason="no loss was recorded")
+    plateau = [e for e in opt if e.kind == "plateau"]
+    if plateau:
+        return Reading("flat", tuple(plateau), f"loss plateau from step {plateau[0].step}")
+    vals = [v for _, v in loss.history if v == v and abs(v) != float("inf")]
+    if loss.n < MIN_LOSS_POINTS or len(vals) < MIN_LOSS_POINTS // 2:
+        return Reading(CALM_LOSS, (), f"only {loss.n} losses recorded: progress unknown")
+    imp = relative_improvement(vals)
+    if imp < FLAT_REL:
+        return Reading("flat", (), f"loss improved {imp:.1%} over the run")
+    if imp < SLOW_REL:
+        return Reading("slow", (), f"loss improved only {imp:.1%} over the run")
+    return Reading("decreasing", (), f"loss improved {imp:.1%} over the run")
+
+
+def loss_pattern_of(view: TraceView) -> Reading:
+    """:func:`loss_pattern` of ``view``, read once per view (other extractors consult it)."""
+    return view.memo("loss_pattern", loss_pattern)
+
+
+def _game_pattern(trace: Trace, div: list[Event], spikes: list[Event]) -> Reading:
+    """The loss pattern of a two-player game or an RL objective: spikes and swings are the
+    game, not instability; only a loss that leaves ``GAME_BAND`` times its starting level is
+    a blow-up (the discriminator or the critic running away)."""
+    rise = loss_rise(trace)
+    if rise is None:
+        if trace.loss.n == 0 and not (div or spikes):
+            return Reading(None, reason="no loss was recorded")
+        return Reading(CALM_LOSS, (), "no loss instability (progress is not evidence for this family)")
+    if rise >= GAME_BAND:
+        return Reading("divergence", tuple(div), f"loss left the game's band: {rise:.3g}x its starting level")
+    return Reading(CALM_LOSS, (), (f"loss stays within {rise:.3g}x its starting level (swings are the game "
+                                   "here, progress is not evidence)"))
+
+
+def loss_start(view: TraceView) -> Reading | None:
+    """'normal' or 'high' from the first recorded loss against chance level ``ln K`` when the
+    output size tells ``K``, else against the second half of the run."""
+    trace = view.trace
+    hist = trace.loss.history
+    if not hist or hist[0][0] != trace.first_step:
+        return Reading(None, reason="the first step's loss was not recorded")
+    chance = chance_loss(view.signatures)
+    if chance is not None and math.isfinite(hist[0][1]):
+        ratio = hist[0][1] / chance
+        state = "high" if ratio > START_CHANCE_FACTOR else "normal"
+        return Reading(state, (), f"first loss {hist[0][1]:.3g} is {ratio:.3g}x chance level ln K = {chance:.3g}")
+    vals = [v for _, v in hist if v == v and abs(v) != float("inf")]
+    if len(vals) < MIN_START_POINTS or not (hist[0][1] == hist[0][1] and abs(hist[0][1]) != float("inf")):
+        return Reading(None, reason=f"fewer than {MIN_START_POINTS} finite losses and no chance level")
+    tail = sorted(vals[len(vals) // 2:])
+    ref = tail[len(tail) // 2]
+    head = hist[0][1]
+    if ref <= 0 or head <= 0:  # the ratio is meaningless for objectives that cross zero
+        return Reading(None, reason="the loss crosses zero: a ratio to its start means nothing")
+    ratio = head / ref
+    state = "high" if ratio > START_FACTOR else "normal"
+    return Reading(state, (), f"first loss {head:.3g} is {ratio:.3g}x the later median {ref:.3g}")
+
+
+def order(view: TraceView) -> Reading | None:
+    """Which came first, exploding gradients or loss instability (observed when both occurred)."""
+    events, trace = view.events, view.trace
+    expl = view.of_kind(GRADIENT, "exploding")
+    unstable_loss = [e for e in events if e.type == OPTIMIZER and e.kind in ("spike", "divergence")]
+    loss_step = min([e.step for e in unstable_loss], default=None)
+    if trace.loss.first_nonfinite_step is not None:
+        loss_step = min(loss_step, trace.loss.first_nonfinite_step) if loss_step is not None \
+            else trace.loss.first_nonfinite_step
+    if not expl or loss_step is None:
+        return Reading(None, reason="needs both exploding gradients and an unstable loss")
+    g = min(e.step for e in expl)
+    state = "grad_first" if g < loss_step else ("same_step" if g == loss_step else "loss_first")
+    support = (view.first(expl),) + tuple(e for e in unstable_loss if e.step == loss_step)
+    return Reading(state, support, f"exploding gradients at step {g}, loss instability at step {loss_step}")
+
+
+NODES = (
+    NoisyMax(
+        "loss_pattern", ("decreasing", "slow", "flat", "spike", "divergence", "nonfinite"),
+        leak={"slow": 0.12, "flat": 0.04, "spike": 0.04, "divergence": 0.01, "nonfinite": 0.003},
+        effects={
+            "learning_rate=too_low": {"slow": 0.40, "flat": 0.45},
+            "signal_decay=depth": {"flat": 0.55, "slow": 0.20},
+            "signal_decay=uniform": {"flat": 0.65, "slow": 0.15},
+            "instability=training": {"nonfinite": 0.35, "divergence": 0.30, "spike": 0.20, "flat": 0.10},
+            "instability=init": {"nonfinite": 0.15, "divergence": 0.05, "spike": 0.10,
+                                 "flat": 0.10, "slow": 0.10},
+            "data=corrupted": {"nonfinite": 0.70, "spike": 0.10, "divergence": 0.05},
+            "data=shifted": {"spike": 0.40},
+        },
+        why="The loss curve, as one variable so spike/divergence/NaN loss are one observation. "
+            "States are ordered by precedence: the worst pattern seen is the one observed.",
+        extract=loss_pattern,
+    ),
+    NoisyMax(
+        "loss_start", ("normal", "high"),
+        leak={"high": 0.04},
+        effects={
+            "instability=init": {"high": 0.60},
+            "data=shifted": {"high": 0.10},
+        },
+        why="The first loss, before any update, far above the level the run later settles "
+            "at: the forward pass is blown up by the weights (or inputs) themselves.",
+        extract=loss_start,
+    ),
+    Table(
+        "order", ("grad_first", "same_step", "loss_first"), parents=("data", "instability"),
+        rows=(
+            ({"data": "corrupted"}, (0.15, 0.60, 0.25)),
+            ({"data": "shifted"}, (0.20, 0.55, 0.25)),
+            ({"instability": "training"}, (0.60, 0.30, 0.10)),
+            ({"instability": "init"}, (0.35, 0.55, 0.10)),
+            ({}, (1 / 3, 1 / 3, 1 / 3)),
+        ),
+        why="Which came first when both a gradient event and loss instability occurred "
+            "(unobserved otherwise): updates that are too large grow the gradients before the "
+            "loss blows up; a bad batch hits loss and gradients at the same step.",
+        extract=order,
+    ),
+)

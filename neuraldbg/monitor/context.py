@@ -1,0 +1,148 @@
+"""The monitor as its parts see it: :class:`PartContext`, the :class:`~neuraldbg.lifecycle.AddonContext`
+a monitor hands its measurements and add-ons, and :class:`Parts`, which calls them.
+
+A part reads the step, whether it is checked, the model and the settings, and calls
+``report`` and ``add_event``; it never reaches the monitor's private state. :class:`Parts`
+calls each lifecycle hook only on the parts that override it, each under the monitor's guard.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Callable
+
+from neuraldbg.causal.nodes import check_signature
+from neuraldbg.lifecycle import HOOKS, Addon, AddonContext, Measurement, overrides
+
+if TYPE_CHECKING:  # pragma: no cover
+    from neuraldbg.events.base import Event
+    from neuraldbg.monitor.monitor import NeuralDbg
+    from neuraldbg.trace import Trace
+
+
+class PartContext:
+    """One monitor's face to its parts (implements :class:`~neuraldbg.lifecycle.AddonContext`)."""
+
+    __slots__ = ("_dbg",)
+
+    def __init__(self, dbg: "NeuralDbg") -> None:
+        self._dbg = dbg
+
+    @property
+    def model(self) -> Any:
+        """The module the monitor was given."""
+        return self._dbg.model
+
+    @property
+    def root(self) -> Any:
+        """The user's module under the wrappers."""
+        return self._dbg.root
+
+    @property
+    def settings(self) -> Any:
+        """The monitor's :class:`~neuraldbg.monitor.settings.Settings`."""
+        return self._dbg.settings
+
+    @property
+    def optimizer(self) -> Any:
+        """The optimizer the monitor watches."""
+        return self._dbg.optimizer
+
+    @property
+    def step(self) -> int:
+        """The current training step."""
+        return self._dbg.step
+
+    @property
+    def checked(self) -> bool:
+        """Whether the current step is measured."""
+        return self._dbg._hooks.buf.active
+
+    @property
+    def sync_every(self) -> int:
+        """Checked steps batched per host transfer."""
+        return self._dbg.sync_every
+
+    @property
+    def steps_set_by_loop(self) -> bool:
+        """Whether the loop sets ``dbg.step``."""
+        return self._dbg._user_steps
+
+    @property
+    def modules(self) -> list[tuple[str, Any]]:
+        """The monitored modules."""
+        return self._dbg._hooks.modules
+
+    @property
+    def order(self) -> list[str]:
+        """Monitored layer names in forward order, as far as seen."""
+        return self._dbg._hooks.order
+
+    @property
+    def census(self) -> list[tuple[str, Any, Any, float]]:
+        """The weight census taken on entry."""
+        return self._dbg._census
+
+    def measuring(self) -> bool:
+        """Whether a training forward of a checked step is running now."""
+        hooks = self._dbg._hooks
+        return not hooks._skip_forward(hooks.buf)
+
+    def report(self, key: tuple, msg: str, level: int = logging.WARNING) -> None:
+        """Log ``msg`` once per ``key``."""
+        self._dbg._report(key, msg, level)
+
+    def add_event(self, event: "Event") -> None:
+        """Add an event to the monitor's log."""
+        self._dbg._add_event(event)
+
+    def trace(self) -> "Trace":
+        """The monitor's trace so far."""
+        return self._dbg.trace()
+
+
+class Parts:
+    """A monitor's parts and the calls of their lifecycle (only to the parts that override a hook)."""
+
+    def __init__(self, parts: list[Addon], ctx: AddonContext, guard: Callable[[Callable[[], Any], str], None]) -> None:
+        for p in parts:
+            if not isinstance(p, Addon):
+                raise TypeError(f"a monitor part must be a neuraldbg.lifecycle.Addon, got {type(p).__name__}")
+        self.all = list(parts)
+        self.ctx = ctx
+        self._guard = guard
+        self._by_hook = {h: [p for p in parts if overrides(p, h)] for h in HOOKS}
+
+    def wants(self, hook: str) -> bool:
+        """Whether any part does something on ``hook``."""
+        return bool(self._by_hook[hook])
+
+    def call(self, hook: str, *args: Any) -> None:
+        """Call ``hook`` on every part that has it, each under the guard."""
+        for part in self._by_hook[hook]:
+            self._guard(lambda part=part: getattr(part, hook)(self.ctx, *args), f"{type(part).__name__}.{hook}")
+
+    def of_type(self, cls: type) -> Any:
+        """The first part that is a ``cls``, or ``None``."""
+        return next((p for p in self.all if isinstance(p, cls)), None)
+
+    def summaries(self, values: dict[str, Any]) -> dict[str, int]:
+        """Every measurement's signatures added to ``values`` (by name), each checked against its
+        declaration; returns the steps they were measured by. A measurement that reports a
+        signature it does not declare, or an invalid value, is reported as an internal error
+        (through the guard) and its values are left out."""
+        steps: dict[str, int] = {}
+        for part in self.all:
+            if isinstance(part, Measurement):
+                self._guard(lambda part=part: _collect(part, values, steps), f"{type(part).__name__}.summary")
+        return steps
+
+
+def _collect(m: Measurement, values: dict[str, Any], steps: dict[str, int]) -> None:
+    checked = {}
+    for sig, v in m.summary().items():
+        if sig not in m.signatures:
+            raise KeyError(f"{type(m).__name__} reported {getattr(sig, 'name', sig)!r}, which it does not declare "
+                           "in its `signatures`")
+        checked[sig.name] = check_signature(sig.name, v)
+    values.update(checked)
+    steps.update((sig.name, s) for sig, s in m.steps().items() if sig.name in checked)

@@ -1,0 +1,185 @@
+"""The weights as training finds them: their scale against sane initializations, and adapters' start.
+
+Both are signatures of the ``initialization`` root cause (``docs/causal_model.md``): the
+weights' RMS against the reference scale of their type and fan-in (:class:`InitScale`), and for
+low-rank adapters how much of the frozen layer they rewrite before any update
+(:class:`AdapterScale`: LoRA starts at ``B = 0``). Measured once, on entry, from the monitor's
+weight census (every dense weight matrix and its norm, one host transfer). Pure functions of
+tensors first, then the two measurements.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from neuraldbg.causal.nodes.causes import ADAPTER_N, ADAPTER_RATIO, INIT_SCALE_LOG10, INIT_SCALE_N
+from neuraldbg.lifecycle import AddonContext, Measurement
+from neuraldbg.monitor.measurements import register_measurement
+
+#: the std of transformer libraries' ``initializer_range`` convention (GPT-2, BERT, ViT, Llama)
+TRANSFORMER_STD = 0.02
+
+
+def fans(shape: torch.Size) -> tuple[int, int]:
+    """(fan_in, fan_out) of a weight of ``shape``, as ``torch.nn.init`` computes them."""
+    receptive = math.prod(shape[2:]) if len(shape) > 2 else 1
+    return int(shape[1]) * receptive, int(shape[0]) * receptive
+
+
+def reference_stds(module: nn.Module, shape: torch.Size, init_range: float | None = None) -> tuple[float, ...]:
+    """The weight stds a sane initialization of this layer would give.
+
+    PyTorch's default kaiming-uniform with ``a = sqrt(5)`` (std ``1/sqrt(3 fan_in)``), LeCun
+    (``1/sqrt(fan_in)``, also orthogonal rows), Kaiming (``sqrt(2/fan_in)``), Xavier
+    (``sqrt(2/(fan_in+fan_out))``) and the transformer libraries' std 0.02 (or the model
+    config's ``initializer_range``); embeddings default to N(0, 1).
+    """
+    extra = (TRANSFORMER_STD,) + ((init_range,) if init_range and init_range > 0 else ())
+    if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) or type(module).__name__.endswith("Embedding"):
+        return (1.0,) + extra
+    fan_in, fan_out = fans(shape)
+    return (1 / math.sqrt(3 * fan_in), 1 / math.sqrt(fan_in), math.sqrt(2 / fan_in),
+            math.sqrt(2 / (fan_in + fan_out))) + extra
+
+
+def nearest_log10_factor(rms: float, refs: Iterable[float]) -> float:
+    """``log10(rms / ref)`` for the reference ``ref`` nearest to ``rms`` in log space."""
+    logs = [math.log10(rms / r) for r in refs if r > 0]
+    return min(logs, key=abs)
+
+
+def config_init_range(root: nn.Module) -> float | None:
+    """``initializer_range`` of a model config (Hugging Face style), if any module has one."""
+    for m in root.modules():
+        v = getattr(getattr(m, "config", None), "initializer_range", None)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+            return float(v)
+    return None
+
+
+Census = list[tuple[str, nn.Module, torch.Tensor, float]]
+
+
+def weight_census(modules: Iterable[tuple[str, nn.Module]]) -> Census:
+    """``(layer, module, weight, norm)`` of every floating, dense weight matrix (``dim >= 2``)
+    the modules own, with all norms in one host transfer: what both the initial-scale
+    signature and the step-size probe start from, measured once before training."""
+    cands = [(name, mod, p) for name, mod in modules for p in mod.parameters(recurse=False)
+             if p.dim() >= 2 and p.numel() > 0 and p.is_floating_point() and not p.is_sparse]
+    if not cands:
+        return []
+    with torch.no_grad():
+        dev = cands[0][2].device
+        norms = torch.stack([n.float().to(dev) for n in torch._foreach_norm([p.detach() for *_, p in cands])])
+        norms = norms.cpu().tolist()
+    return [(name, mod, p, n) for (name, mod, p), n in zip(cands, norms)]
+
+
+def init_scale(modules: Iterable[tuple[str, nn.Module]], init_range: float | None = None,
+               census: Census | None = None) -> tuple[float | None, int]:
+    """(median over weight matrices of the log10 factor to the nearest reference, count).
+
+    Weight matrices that are exactly zero are zero by design (a LoRA ``B``, a zero-init output
+    projection) and are left out. Pass ``census`` (:func:`weight_census`) to reuse its norms.
+    """
+    census = weight_census(modules) if census is None else census
+    factors = sorted(nearest_log10_factor(n / math.sqrt(p.numel()), reference_stds(mod, p.shape, init_range))
+                     for _, mod, p, n in census if n > 0 and math.isfinite(n))
+    if not factors:
+        return None, 0
+    return factors[len(factors) // 2], len(factors)
+
+
+#: how deep below a module an adapter's parts may sit (PEFT: ``lora_A.default.weight``)
+ADAPTER_DEPTH = 2
+
+
+def low_rank_adapters(root: nn.Module) -> list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """``(module, W, A, B)`` of every low-rank adapter in ``root``, found by structure alone.
+
+    An adapter is a module whose parameters (its own and those of sub-modules at most
+    :data:`ADAPTER_DEPTH` levels down) hold a *frozen* weight ``W`` of shape ``(out, in)`` and
+    *trainable* ``A`` ``(r, in)`` and ``B`` ``(out, r)`` with ``r < min(out, in)``: the layer
+    computes ``W x + s B A x``. That is LoRA as PEFT and hand-written code lay it out,
+    whatever the attribute names. The innermost module that holds a triple claims it.
+    """
+    found, used = [], set()
+    for name, mod in reversed(list(root.named_modules())):  # descendants before ancestors
+        frozen, trainable = [], []
+        for pname, p in mod.named_parameters():
+            if pname.count(".") > ADAPTER_DEPTH or p.dim() != 2 or not p.is_floating_point() or id(p) in used:
+                continue
+            (trainable if p.requires_grad else frozen).append(p)
+        for w in frozen:
+            for out_f, in_f in dict.fromkeys((tuple(w.shape), tuple(w.shape)[::-1])):  # GPT-2's Conv1D stores W^T
+                a = next((p for p in trainable if p.shape[1] == in_f and p.shape[0] < min(out_f, in_f)), None)
+                b = None if a is None else next(
+                    (p for p in trainable if p is not a and tuple(p.shape) == (out_f, a.shape[0])), None)
+                if b is not None:
+                    found.append((name, w, a, b))
+                    used.update((id(w), id(a), id(b)))
+                    trainable = [p for p in trainable if p is not a and p is not b]
+                    break
+    return found
+
+
+def adapter_scale(root: nn.Module) -> tuple[float | None, int]:
+    """(median over low-rank adapters of ``||B A|| / ||W||``, adapter count): how large each
+    adapter's update of its frozen layer starts, before the scaling factor. LoRA starts at
+    ``B = 0`` (zero: fine-tuning begins at the pre-trained function); ``||B A||`` comes from
+    the ``r x r`` Gram matrices, so no ``(out, in)`` product is formed. One host transfer."""
+    adapters = low_rank_adapters(root)
+    if not adapters:
+        return None, 0
+    with torch.no_grad():
+        vals = []
+        for _, w, a, b in adapters:
+            a, b, w = a.detach().float(), b.detach().float(), w.detach().float()
+            ba_sq = ((b.T @ b) * (a @ a.T)).sum().clamp_min(0)  # ||BA||_F^2 = <B^T B, A A^T>
+            vals.append(ba_sq.sqrt() / w.norm().clamp_min(1e-30))
+        ratios = sorted(torch.stack([v.to(vals[0].device) for v in vals]).cpu().tolist())
+    ratios = [r for r in ratios if math.isfinite(r)]
+    return (ratios[len(ratios) // 2], len(adapters)) if ratios else (None, len(adapters))
+
+
+@register_measurement
+class InitScale(Measurement):
+    """``init_scale_log10`` (the median over weight matrices of ``log10(rms / nearest reference)``)
+    and ``init_scale_n``, from the census taken on entry."""
+
+    signatures = (INIT_SCALE_LOG10, INIT_SCALE_N)
+
+    def __init__(self) -> None:
+        self.value: tuple[float | None, int] = (None, 0)
+
+    def enter(self, ctx: AddonContext) -> None:
+        """Measure the weights before the first update."""
+        self.value = init_scale(ctx.modules, config_init_range(ctx.root), census=ctx.census)
+
+    def summary(self) -> dict[Any, Any]:
+        """The factor and the count, when any weight matrix was measured."""
+        f, n = self.value
+        return {} if f is None else {INIT_SCALE_LOG10: f, INIT_SCALE_N: n}
+
+
+@register_measurement
+class AdapterScale(Measurement):
+    """``adapter_ratio`` (median over low-rank adapters of ``||B A|| / ||W||`` on entry) and
+    ``adapter_n``."""
+
+    signatures = (ADAPTER_RATIO, ADAPTER_N)
+
+    def __init__(self) -> None:
+        self.value: tuple[float | None, int] = (None, 0)
+
+    def enter(self, ctx: AddonContext) -> None:
+        """Find the adapters and measure their starting size."""
+        self.value = adapter_scale(ctx.root)
+
+    def summary(self) -> dict[Any, Any]:
+        """The ratio and the count, when the model has adapters."""
+        r, n = self.value
+        return {} if r is None else {ADAPTER_RATIO: r, ADAPTER_N: n}

@@ -1,0 +1,93 @@
+"""A monitor's arguments, validated once, as one frozen record: ``dbg.settings``.
+
+Verification rebuilds a monitor for its replays from this record (``neuraldbg/verify/api.py``),
+and add-ons read it through their context, so nothing re-lists :class:`NeuralDbg`'s arguments.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from neuraldbg.config import DetectorConfig
+
+#: ``sync_every`` when not given: checked steps batched per host transfer (queries flush first);
+#: batched on the CPU too, where reading 16 steps in a row keeps the host code's caches warm
+DEFAULT_SYNC_EVERY = 16
+#: ``reference_every`` when not given: a held-out forward every 10 steps
+DEFAULT_REFERENCE_EVERY = 10
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a :class:`~neuraldbg.NeuralDbg` was built with (``docs/api.md``).
+
+    ``priors`` is the validated :class:`~neuraldbg.causal.priors.Priors` (``None``: the
+    family's shipped priors); ``detectors`` the names of the detectors to run (``None``: all).
+    """
+
+    family: str
+    optimizer: Any = None
+    every: int = 1
+    config: DetectorConfig = dataclasses.field(default_factory=DetectorConfig)
+    detectors: tuple[str, ...] | None = None
+    priors: Any = None
+    sync_every: int = DEFAULT_SYNC_EVERY
+    scaler: Any = None
+    snapshots: bool | int | None = None
+    autosave: str | None = None
+    autosave_interval: float = 30.0
+    reference: Callable[[Any], Any] | None = None
+    reference_every: int = DEFAULT_REFERENCE_EVERY
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments that build a monitor with these settings:
+        ``NeuralDbg(model, **settings.as_kwargs())``."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def replace(self, **changes: Any) -> "Settings":
+        """A copy with ``changes`` (e.g. ``snapshots=None`` for a monitor that keeps none)."""
+        return dataclasses.replace(self, **changes)
+
+
+def check_every(every: Any) -> int:
+    """``every`` as a valid check interval; ``ValueError`` naming what is valid."""
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"every must be an int >= 1, got {every!r}")
+    return every
+
+
+def check_config(config: Any) -> DetectorConfig:
+    """``config`` as a :class:`DetectorConfig` (a dict of its fields is accepted)."""
+    if config is None:
+        return DetectorConfig()
+    if isinstance(config, dict):
+        return DetectorConfig.from_dict(config)
+    if not isinstance(config, DetectorConfig):
+        raise TypeError(f"config must be a DetectorConfig or dict, got {type(config).__name__}")
+    return config
+
+
+def check_sync_every(sync_every: Any) -> int:
+    """``sync_every`` as an int >= 1 (``None``: the default)."""
+    if sync_every is None:
+        return DEFAULT_SYNC_EVERY
+    if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
+        raise ValueError(f"sync_every must be an int >= 1, got {sync_every!r}")
+    return sync_every
+
+
+def check_scaler(scaler: Any) -> Any:
+    """``scaler`` if it is a ``torch.amp.GradScaler`` (or ``None``)."""
+    if scaler is not None and not (hasattr(scaler, "scale") and hasattr(scaler, "get_scale")):
+        raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
+    return scaler
+
+
+def check_detectors(detectors: Iterable[str] | None) -> tuple[str, ...] | None:
+    """``detectors`` as a tuple of names (``None``: every registered detector)."""
+    if detectors is None:
+        return None
+    if isinstance(detectors, str):
+        raise TypeError(f"detectors must be a list of detector names, got the string {detectors!r}")
+    return tuple(detectors)

@@ -1,0 +1,126 @@
+"""The monitor's parts: their lifecycle, their context, and declared signatures only."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from neuraldbg import NeuralDbg
+from neuraldbg.causal.nodes.run import LR_PEAK, OUT_FEATURES
+from neuraldbg.lifecycle import HOOKS, AddonContext, Measurement
+from neuraldbg.monitor import measurements as M
+from neuraldbg.trace import Signature
+from tests.tiny import run
+
+
+class Recorder(Measurement):
+    """Records every lifecycle call it gets, with the context's view at that moment."""
+
+    signatures = (LR_PEAK,)
+    calls: list = []
+
+    def __init__(self):
+        self.calls = []
+
+    def enter(self, ctx):
+        assert isinstance(ctx, AddonContext)
+        self.calls.append(("enter", ctx.step))
+
+    def step_started(self, ctx, step, checked):
+        self.calls.append(("step_started", step, checked))
+
+    def step_closed(self, ctx, step, checked):
+        self.calls.append(("step_closed", step, checked))
+
+    def checked_step(self, ctx, stats):
+        self.calls.append(("checked_step", stats.step))
+
+    def optimizer_pre(self, ctx, optimizer, checked):
+        self.calls.append(("optimizer_pre", ctx.step, checked))
+
+    def optimizer_post(self, ctx, optimizer, checked):
+        self.calls.append(("optimizer_post", ctx.step, checked))
+
+    def exit(self, ctx, exc):
+        self.calls.append(("exit",))
+
+    def summary(self):
+        return {LR_PEAK: 7.0}
+
+
+@pytest.fixture
+def registered(monkeypatch):
+    """Register extra measurement classes for one test."""
+    def add(*classes):
+        monkeypatch.setattr(M, "MEASUREMENTS", M.measurement_classes() + list(classes))
+    return add
+
+
+def test_a_measurement_follows_the_lifecycle_through_its_context(registered):
+    registered(Recorder)
+    r = run(steps=4, monitor={"optimizer": True, "every": 2}, set_step=True)
+    rec = r.dbg.addon(Recorder)
+    names = [c[0] for c in rec.calls]
+    assert names[0] == "enter" and names[-1] == "exit" and set(names) <= set(HOOKS)
+    # every step is announced with whether it is checked; only checked ones reach checked_step
+    assert [c for c in rec.calls if c[0] == "step_started"] == [("step_started", s, s % 2 == 0) for s in (1, 2, 3)]
+    assert [c[1] for c in rec.calls if c[0] == "checked_step"] == [0, 2]
+    assert ("optimizer_pre", 2, True) in rec.calls and ("optimizer_post", 3, False) in rec.calls
+    assert r.dbg.signatures().value(LR_PEAK) == 7.0  # its declared signature reaches the trace
+
+
+class Typo(Measurement):
+    signatures = (OUT_FEATURES,)
+
+    def summary(self):
+        return {Signature("out_featurez", "integer", "entry", "lead", "a misspelt name"): 3}
+
+
+class Undeclared(Measurement):
+    """Reports a declared signature that it does not list in its own ``signatures``."""
+
+    def summary(self):
+        return {OUT_FEATURES: 3}
+
+
+class Invalid(Measurement):
+    signatures = (LR_PEAK,)
+
+    def summary(self):
+        return {LR_PEAK: -1.0}  # lo = 0
+
+
+@pytest.mark.parametrize("bad,message", [(Typo, "does not declare"), (Undeclared, "does not declare"),
+                                         (Invalid, "out of range")])
+def test_a_bad_signature_is_an_internal_error_and_is_left_out(registered, caplog, bad, message):
+    registered(bad)
+    with caplog.at_level(logging.WARNING, logger="neuraldbg"):
+        r = run(steps=3, monitor={"optimizer": True})
+        sigs = r.dbg.signatures()
+    assert r.dbg.internal_errors >= 1 and message in caplog.text
+    assert "out_featurez" not in sigs.as_dict()
+    assert sigs.value(OUT_FEATURES) == 3 and sigs.value(LR_PEAK) == 0.05  # the good parts' values stay
+
+
+class Crashes(Measurement):
+    def step_closed(self, ctx, step, checked):
+        raise RuntimeError("boom")
+
+
+def test_a_part_that_raises_never_stops_training_and_is_counted(registered, caplog):
+    bare = run(steps=5)
+    registered(Crashes)
+    with caplog.at_level(logging.WARNING, logger="neuraldbg"):
+        r = run(steps=5, monitor={})
+    assert all(torch.equal(a, b) for a, b in zip(bare.params, r.params))
+    assert r.dbg.internal_errors == 5 and caplog.text.count("Crashes.step_closed") == 1  # logged once
+
+
+def test_only_the_parts_that_do_something_on_a_hook_are_called():
+    dbg = NeuralDbg(torch.nn.Linear(2, 2))
+    assert not dbg._parts.wants("optimizer_pre")  # no optimizer: no step-size measurement
+    assert NeuralDbg(torch.nn.Linear(2, 2), optimizer=torch.optim.SGD([torch.zeros(1)], lr=0.1))._parts.wants(
+        "optimizer_pre")
+    with pytest.raises(TypeError, match="must be a neuraldbg.lifecycle.Addon"):
+        type(dbg._parts)([object()], dbg._parts.ctx, dbg._safe)
