@@ -90,7 +90,8 @@ def merge_events(per_rank: dict[int, list[Event]], tolerance: int = 2) -> list[E
 def merge_signatures(per_rank: list[Signatures]) -> Signatures:
     """The ranks' signatures (lowest rank first) merged, each by its declared rule (the lowest
     rank's value, the min, max, median or sum over the ranks that measured it, or whether any
-    did); its step is the latest rank's (the merged value is known once every rank knew it)."""
+    did); its step is the latest rank's (the merged value is known once every rank knew it). A
+    signature no rank measured keeps the lowest rank's reason (with the ranks that gave one)."""
     from neuraldbg.causal.nodes import signature_table
 
     table = signature_table()
@@ -102,7 +103,13 @@ def merge_signatures(per_rank: list[Signatures]) -> Signatures:
         values[name] = merge_values(sig, [s.value(sig) for s in have])
         at = [s.step(sig) for s in have]
         steps[name] = max(at) if all(a is not None for a in at) else None
-    return Signatures(values, steps)
+    gaps: dict[str, str] = {}
+    for s in per_rank:
+        for name, why in s.gaps().items():
+            if name not in values and name not in gaps:
+                n = sum(name in t.gaps() for t in per_rank)
+                gaps[name] = why if n == len(per_rank) else f"{why} (on {n} of {len(per_rank)} ranks)"
+    return Signatures(values, steps, gaps)
 
 
 def merge_traces(traces: list[Trace], tolerance: int = 2) -> Trace:
@@ -138,7 +145,8 @@ def merge_traces(traces: list[Trace], tolerance: int = 2) -> Trace:
     sigs = merge_signatures([t.signatures for t in traces]).updated({MERGED_RANKS: tuple(ranks)})
     return Trace(events=tuple(events), layers=lead.layers, family=lead.family,
                  first_step=min(t.first_step for t in traces), last_step=max(t.last_step for t in traces),
-                 loss=loss, rank=None, world_size=world_size, signatures=sigs)
+                 loss=loss, rank=None, world_size=world_size, signatures=sigs,
+                 internal_errors=sum(t.internal_errors for t in traces))
 
 
 def merge_sessions(sessions: Iterable[Any], tolerance: int = 2):

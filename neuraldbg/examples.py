@@ -162,7 +162,7 @@ def train_example(arch: str = "mlp", scenario: str = "healthy", seed: int = 0, s
     teacher = torch.randn(16, 4, generator=gen)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
     kwargs = {} if monitor is True else dict(monitor) if isinstance(monitor, dict) else None
-    dbg = NeuralDbg(model, optimizer=opt, **kwargs) if kwargs is not None else None
+    dbg = NeuralDbg(model, **{"optimizer": opt, **kwargs}) if kwargs is not None else None
     losses: list[float] = []
     ctx = dbg if dbg is not None else nullcontext()
     with ctx:

@@ -26,7 +26,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from neuraldbg.trace import Signature, Trace
 
 #: the lifecycle calls, in the order a run makes them
-HOOKS = ("enter", "step_started", "step_closed", "checked_step", "optimizer_pre", "optimizer_post", "flush", "exit")
+HOOKS = ("enter", "step_started", "backward_started", "step_closed", "checked_step", "optimizer_pre",
+         "optimizer_post", "flush", "exit")
 
 
 @runtime_checkable
@@ -47,7 +48,18 @@ class AddonContext(Protocol):
 
     @property
     def optimizer(self) -> Any:
-        """The optimizer the monitor watches (``None`` when none is known)."""
+        """The primary optimizer: the one given (``optimizer=``), else the first one found
+        stepping the model (``None`` before)."""
+
+    @property
+    def optimizers(self) -> list[Any]:
+        """Every optimizer seen stepping the model's parameters, the primary one first."""
+
+    def is_primary(self, optimizer: Any) -> bool:
+        """Whether ``optimizer``'s steps are the primary optimizer's (every one when none was given)."""
+
+    def params_of(self, optimizer: Any) -> list[Any]:
+        """The parameters ``optimizer`` holds."""
 
     @property
     def step(self) -> int:
@@ -99,6 +111,10 @@ class Addon:
     def step_started(self, ctx: AddonContext, step: int, checked: bool) -> None:
         """Step ``step`` starts (before its forward); ``checked``: whether it is measured."""
 
+    def backward_started(self, ctx: AddonContext, param: Any) -> None:
+        """A backward pass of a checked step accumulated its first gradient, into ``param``:
+        every other parameter still holds what it held before the pass."""
+
     def step_closed(self, ctx: AddonContext, step: int, checked: bool) -> None:
         """Step ``step`` was closed and its statistics queued for the host."""
 
@@ -139,6 +155,11 @@ class Measurement(Addon):
 
     def steps(self) -> dict["Signature", int]:
         """The step by which each value was measured, where the measurement knows it."""
+        return {}
+
+    def gaps(self) -> dict["Signature", str]:
+        """Why a declared signature was not measured, where the measurement knows (no optimizer
+        found, not at initialization, an unsupported tensor type...)."""
         return {}
 
 

@@ -12,7 +12,7 @@ from neuraldbg.vocab import validate_failure_type
 
 if TYPE_CHECKING:  # pragma: no cover
     from neuraldbg.causal.priors import Priors
-    from neuraldbg.causal.types import CausalChain, Coupling, Hypothesis
+    from neuraldbg.causal.types import CausalChain, Coupling, Coverage, Hypothesis
     from neuraldbg.trace import Trace
 
 
@@ -59,6 +59,12 @@ class CausalQueries:
         ``{"yes": P(all causes ok), "no": 1 - P}`` and attribute ``p_healthy`` the same number.
         """
         return self._ask("posterior")
+
+    def coverage(self) -> "Coverage":
+        """Every evidence variable: observed, or not and why (no optimizer found, a monitor
+        error, an unsupported tensor type, not at initialization...), plus the monitor's
+        internal error count (see :class:`~neuraldbg.causal.types.Coverage`)."""
+        return self._engine().coverage(self.trace())
 
     def get_causal_hypotheses(self) -> list["Hypothesis"]:
         """Ranked hypotheses (highest probability first) above the reporting floor."""

@@ -24,9 +24,9 @@ from neuraldbg.trace import LayerInfo, LossSummary, Signatures, Trace
 log = logging.getLogger("neuraldbg")
 
 SCHEMA = SESSION_SCHEMA
-#: Version written; versions 1 (priors named by path) and 2 (signatures as ``meta``) are still
-#: read, see load_session.
-SCHEMA_VERSION = 3
+#: Version written; versions 1 (priors named by path), 2 (signatures as ``meta``) and 3 (no gaps
+#: or internal errors) are still read, see load_session.
+SCHEMA_VERSION = 4
 _EMBEDDED = " (embedded)"
 #: fingerprint -> (embedded content as read, validated Priors): sessions of one run share them
 _embedded_cache: dict[str, tuple[Any, Any]] = {}
@@ -74,6 +74,8 @@ def trace_to_dict(trace: Trace, *, config: dict | None = None, priors: Any = Non
         "config": config or {},
         "priors": None,  # below: already JSON-ready, and the bulk of the document
         "signatures": signatures_to_dict(trace.signatures),
+        "gaps": trace.signatures.gaps(),
+        "internal_errors": trace.internal_errors,
     })
     doc["priors"] = priors_block(priors, trace.family)
     return doc
@@ -104,7 +106,9 @@ def trace_from_dict(doc: Any, source: str = "<dict>") -> tuple[Trace, dict]:
                                    n_nonfinite=lo["n_nonfinite"], first_nonfinite_step=lo["first_nonfinite_step"],
                                    history=tuple(lo["history"])),
                   rank=d["rank"], world_size=d["world_size"],
-                  signatures=Signatures({k: v for k, (v, _) in sigs.items()}, {k: s for k, (_, s) in sigs.items()}))
+                  signatures=Signatures({k: v for k, (v, _) in sigs.items()}, {k: s for k, (_, s) in sigs.items()},
+                                        d["gaps"]),
+                  internal_errors=d["internal_errors"])
     return trace, d
 
 

@@ -79,19 +79,23 @@ class Signatures:
 
     ``values`` maps a :class:`Signature` (or its name, for the table-checked readers of files)
     to its value, ``steps`` to the step by which it was measured (``None``: its ``when`` decides,
-    see :meth:`known_by`). Reads take the declaration itself, so a typo cannot silently read
-    nothing. Building one does not check the values against the table: the monitor, the
-    session reader and the merge do that (:func:`neuraldbg.causal.nodes.check_signatures`).
+    see :meth:`known_by`), ``gaps`` a signature the run did not measure to the reason (no
+    optimizer found, not at initialization, an unsupported tensor type...). Reads take the
+    declaration itself, so a typo cannot silently read nothing. Building one does not check the
+    values against the table: the monitor, the session reader and the merge do that
+    (:func:`neuraldbg.causal.nodes.check_signature`).
     """
 
-    __slots__ = ("_values", "_steps")
+    __slots__ = ("_values", "_steps", "_gaps")
 
     def __init__(self, values: Mapping[Any, Any] | Iterable[tuple[Any, Any]] = (),
-                 steps: Mapping[Any, int | None] | None = None) -> None:
+                 steps: Mapping[Any, int | None] | None = None, gaps: Mapping[Any, str] | None = None) -> None:
         items = values.items() if isinstance(values, Mapping) else values
         self._values: dict[str, Any] = {_name(k): (tuple(v) if isinstance(v, list) else v) for k, v in items}
         self._steps: dict[str, int] = {_name(k): int(s) for k, s in (steps or {}).items()
                                        if s is not None and _name(k) in self._values}
+        self._gaps: dict[str, str] = {_name(k): str(r) for k, r in (gaps or {}).items()
+                                      if _name(k) not in self._values}
 
     # ---- reading ---------------------------------------------------------------------
     def value(self, sig: Signature, default: Any = None) -> Any:
@@ -108,6 +112,10 @@ class Signatures:
     def step(self, sig: Signature) -> int | None:
         """The step by which ``sig`` was measured, when recorded."""
         return self._steps.get(_declared(sig))
+
+    def gap(self, sig: Signature) -> str | None:
+        """Why ``sig`` was not measured, when the run knows (``None``: measured, or no reason)."""
+        return self._gaps.get(_declared(sig))
 
     def __contains__(self, sig: object) -> bool:
         return isinstance(sig, Signature) and sig.name in self._values
@@ -130,6 +138,10 @@ class Signatures:
         """The recorded measurement steps, by name."""
         return dict(self._steps)
 
+    def gaps(self) -> dict[str, str]:
+        """Why each unmeasured signature was not measured, by name."""
+        return dict(self._gaps)
+
     def as_dict(self) -> dict[str, Any]:
         """A plain ``{name: value}`` copy (lists as tuples), for display."""
         return dict(self.items())
@@ -146,17 +158,19 @@ class Signatures:
                 at = first if table[name].when == "entry" else last
             if at <= step:
                 keep[name], steps[name] = v, at
-        return Signatures(keep, steps)
+        return Signatures(keep, steps, self._gaps)
 
-    def updated(self, values: Mapping[Any, Any], steps: Mapping[Any, int | None] | None = None) -> "Signatures":
-        """A copy with ``values`` (and their steps) set."""
+    def updated(self, values: Mapping[Any, Any], steps: Mapping[Any, int | None] | None = None,
+                gaps: Mapping[Any, str] | None = None) -> "Signatures":
+        """A copy with ``values`` (and their steps, and ``gaps``) set."""
         merged = dict(self._values)
         merged.update((_name(k), v) for k, v in values.items())
         all_steps: dict[Any, int | None] = {**self._steps, **{_name(k): s for k, s in (steps or {}).items()}}
-        return Signatures(merged, all_steps)
+        return Signatures(merged, all_steps, {**self._gaps, **{_name(k): r for k, r in (gaps or {}).items()}})
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Signatures) and self._values == other._values and self._steps == other._steps
+        return (isinstance(other, Signatures) and self._values == other._values and self._steps == other._steps
+                and self._gaps == other._gaps)
 
     def __hash__(self) -> int:
         return hash(tuple(self.items()))
@@ -229,7 +243,8 @@ class Trace:
 
     ``layers`` is in forward execution order (first call), so index 0 is the input side.
     ``first_step``/``last_step`` bound the observed steps; ``signatures`` holds the measured
-    signatures (see :class:`Signatures`).
+    signatures (see :class:`Signatures`) and why others were not measured; ``internal_errors``
+    counts the monitor's own failures.
     """
 
     events: tuple[Event, ...]
@@ -241,6 +256,9 @@ class Trace:
     rank: int | None = None
     world_size: int | None = None
     signatures: Signatures = field(default_factory=Signatures)
+    #: failures of the monitor's own code during the run (each was logged; the parts that failed
+    #: read "a monitor error" in the signatures' gaps)
+    internal_errors: int = 0
 
     @property
     def n_steps(self) -> int:

@@ -7,11 +7,15 @@ names implement; a developer may add states or variables, never rename these.
 from __future__ import annotations
 
 #: Root-cause variables and their states. The first state of each is always ``ok``.
+#: ``training_loop`` is the loop's own bugs (each with a direct signature); ``unexplained`` is a
+#: leak: a run that does not learn while no modeled cause explains it.
 ROOTS: dict[str, tuple[str, ...]] = {
     "learning_rate": ("ok", "too_high", "too_low"),
     "initialization": ("ok", "too_small", "too_large"),
     "data": ("ok", "corrupted", "shifted"),
     "architecture": ("ok", "unstable"),
+    "training_loop": ("ok", "stale_gradients", "params_not_in_optimizer", "graph_detached", "loss_on_probabilities"),
+    "unexplained": ("ok", "not_learning"),
 }
 #: The root variables in sorted order (how the network and its tables index them).
 ROOT_NAMES: tuple[str, ...] = tuple(sorted(ROOTS))

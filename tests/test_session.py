@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -37,7 +38,7 @@ def test_export_then_load_gives_equal_events(tmp_path_factory, events):
 def test_file_is_strict_json_and_versioned(tmp_path):
     p = export_trace(trace_of([]), tmp_path / "a.json")
     doc = json.loads(open(p).read())  # strict JSON: NaN is encoded as a string
-    assert doc["schema"] == "neuraldbg.session" and doc["version"] == 3
+    assert doc["schema"] == "neuraldbg.session" and doc["version"] == 4
     assert not list(tmp_path.glob(".*tmp"))  # no temp file left behind
 
 
@@ -107,6 +108,7 @@ def test_a_version_1_session_naming_a_prior_path_never_opens_it(tmp_path, caplog
     doc = json.loads(open(p).read())
     doc["version"], doc["priors"] = 1, str(_tuned(tmp_path))
     doc["meta"] = {k: v["value"] for k, v in doc.pop("signatures").items()}  # where versions 1-2 kept them
+    del doc["gaps"], doc["internal_errors"]  # fields of version 4
     (tmp_path / "v1.json").write_text(json.dumps(doc))
     opened = []
     real_open = open
@@ -131,7 +133,7 @@ def test_a_version_2_session_reads_its_meta_as_declared_signatures(tmp_path):
     p = export_trace(trace_of([]), tmp_path / "s.json")
     doc = json.loads(open(p).read())
     doc["version"] = 2
-    doc.pop("signatures")
+    doc.pop("signatures"), doc.pop("gaps"), doc.pop("internal_errors")
     doc["meta"] = {"every": 1, "optimizer": "SGD", "lr": [0.1], "step_ratio_peak": 0.3, "init_scale_log10": 0.02}
     (tmp_path / "v2.json").write_text(json.dumps(doc))
     sigs = load_session(tmp_path / "v2.json").trace().signatures
@@ -142,6 +144,30 @@ def test_a_version_2_session_reads_its_meta_as_declared_signatures(tmp_path):
     (tmp_path / "typo.json").write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="meta.step_ratio_peek: undeclared signature"):
         load_session(tmp_path / "typo.json")
+
+
+def test_gaps_and_internal_errors_round_trip_and_version_3_reads_without_them(tmp_path):
+    from neuraldbg.trace import Signatures
+
+    tr = dataclasses.replace(trace_of([]), internal_errors=2,
+                             signatures=Signatures({"every": 1}, gaps={"step_ratio_median": "no optimizer found"}))
+    p = export_trace(tr, tmp_path / "s.json")
+    doc = json.loads(open(p).read())
+    assert doc["gaps"] == {"step_ratio_median": "no optimizer found"} and doc["internal_errors"] == 2
+    back = load_session(p)
+    assert back.trace().signatures.gaps() == {"step_ratio_median": "no optimizer found"}
+    cov = back.coverage()
+    assert cov.internal_errors == 2 and cov["step_size"].reason == "no optimizer found" and cov["step_size"].gap
+    assert not cov["step_size"].observed and "2 internal errors" in cov.summary()
+    doc["gaps"]["step_ratio_peek"] = "x"  # a gap names a declared signature
+    (tmp_path / "typo.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="gaps.step_ratio_peek: undeclared signature"):
+        load_session(tmp_path / "typo.json")
+    del doc["gaps"], doc["internal_errors"]
+    doc["version"] = 3
+    (tmp_path / "v3.json").write_text(json.dumps(doc))
+    old = load_session(tmp_path / "v3.json")
+    assert old.trace().internal_errors == 0 and old.trace().signatures.gaps() == {}
 
 
 def test_edited_embedded_priors_are_refused(tmp_path):

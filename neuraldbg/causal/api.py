@@ -20,7 +20,8 @@ from neuraldbg.causal.couplings import couplings as _couplings
 from neuraldbg.causal.cpd import build_cpds
 from neuraldbg.causal.priors import Priors, load_priors
 from neuraldbg.causal.structure import default_network
-from neuraldbg.causal.types import CausalChain, Coupling, Hypothesis, Posterior
+from neuraldbg.causal.types import CausalChain, Coupling, Coverage, Hypothesis, Posterior, VariableCoverage
+from neuraldbg.causal.view import TraceView
 from neuraldbg.trace import Trace
 from neuraldbg.vocab import validate_failure_type
 
@@ -67,7 +68,8 @@ def _setup(trace: Trace, priors: Any) -> tuple[CompiledNetwork, _evidence.Eviden
     net = compiled(pri)
     ev = _evidence.extract(trace, net.network)
     marg, p_ok = net.posterior(ev.observed)
-    post = Posterior(marg, p_ok, evidence=ev.observed, source=pri.source)
+    nothing = trace.loss.n == 0 and not TraceView(trace).watched
+    post = Posterior(marg, p_ok, evidence=ev.observed, source=pri.source, nothing_observed=nothing)
     return net, ev, post
 
 
@@ -82,8 +84,11 @@ def posterior(trace: Trace, priors: Any = None) -> Posterior:
 
 
 def hypotheses(trace: Trace, priors: Any = None, *, floor: float = REPORT_FLOOR) -> list[Hypothesis]:
-    """One :class:`Hypothesis` per abnormal root state with posterior >= ``floor``, highest first."""
+    """One :class:`Hypothesis` per abnormal root state with posterior >= ``floor``, highest first;
+    none when nothing was observed (the posterior is then the prior: no finding about this run)."""
     net, ev, post = _setup(trace, priors)
+    if post.nothing_observed:
+        return []
     return _hyp.hypotheses(trace, post, net, ev, floor)
 
 
@@ -105,6 +110,26 @@ def causal_chain(trace: Trace, failure_type: str, priors: Any = None) -> CausalC
     validate_failure_type(failure_type)
     net, ev, post = _setup(trace, priors)
     return _hyp.chain(trace, post, net, ev, failure_type)
+
+
+def coverage_of(trace: Trace, ev: _evidence.Evidence) -> Coverage:
+    """The :class:`Coverage` of ``trace`` from its extracted evidence ``ev`` (every variable of
+    the network is in one of ``ev.observed`` and ``ev.unobserved``)."""
+    entries = {}
+    for name in [n for n in default_network().evidence_names if n in ev.observed or n in ev.unobserved]:
+        if name in ev.observed:
+            entries[name] = VariableCoverage(name, True, state=ev.observed[name])
+        else:
+            entries[name] = VariableCoverage(name, False, reason=ev.unobserved[name], gap=name in ev.gaps)
+    nothing = trace.loss.n == 0 and not TraceView(trace).watched
+    return Coverage(entries, internal_errors=trace.internal_errors, nothing_observed=nothing)
+
+
+def coverage(trace: Trace) -> Coverage:
+    """What the diagnosis of ``trace`` observed, and why not the rest (see :class:`Coverage`)."""
+    if not isinstance(trace, Trace):
+        raise TypeError(f"expected a neuraldbg.trace.Trace, got {type(trace).__name__}")
+    return coverage_of(trace, _evidence.extract(trace))
 
 
 def couplings(trace: Trace) -> list[Coupling]:

@@ -73,6 +73,7 @@ class CompiledNetwork:
                           for s in range(p.shape[1])], axis=1)
             self.root_likelihood[e] = m
         self.root_cards = root_cards
+        self.root_cards_by_name = dict(zip(roots, root_cards))
         self._root_names = roots
 
     # ---- encoding ----------------------------------------------------------------------

@@ -25,13 +25,17 @@ class Evidence:
 
     ``observed`` maps an evidence variable to a state, or to a tuple of states for a partial
     observation; unobserved variables are absent from it and listed in ``unobserved`` with the
-    reason. ``support`` gives the events behind each reading and ``notes`` a short sentence.
+    reason; ``gaps`` those the monitor did not measure (no optimizer found, not at
+    initialization...). ``support`` gives the events behind each reading and ``notes`` a short
+    sentence.
     """
 
     observed: Mapping[str, str | tuple[str, ...]]
     support: Mapping[str, tuple[Event, ...]] = field(default_factory=dict)
     notes: Mapping[str, str] = field(default_factory=dict)
     unobserved: Mapping[str, str] = field(default_factory=dict)
+    #: the unobserved variables the monitor did not measure (a subset of ``unobserved``)
+    gaps: Mapping[str, str] = field(default_factory=dict)
 
 
 def extract(trace: Trace, network: Network | None = None) -> Evidence:
@@ -42,10 +46,13 @@ def extract(trace: Trace, network: Network | None = None) -> Evidence:
     sup: dict[str, tuple[Event, ...]] = {}
     notes: dict[str, str] = {}
     missing: dict[str, str] = {}
+    gaps: dict[str, str] = {}
     for name in net.evidence_names:
         reading = net.node_by_name[name].extract(view)
         if reading is None or reading.state is None:
             missing[name] = reading.reason if reading is not None and reading.reason else "not measured"
+            if reading is not None and reading.gap:
+                gaps[name] = missing[name]
         else:
             obs[name] = reading.state
         if reading is not None:
@@ -53,4 +60,4 @@ def extract(trace: Trace, network: Network | None = None) -> Evidence:
                 sup[name] = reading.support
             if reading.note:
                 notes[name] = reading.note
-    return Evidence(obs, sup, notes, missing)
+    return Evidence(obs, sup, notes, missing, gaps)

@@ -9,16 +9,16 @@ first of those events (earliest step, then nearest the input).
 """
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
 from neuraldbg.causal.compiled import CompiledNetwork
 from neuraldbg.causal.evidence import Evidence
-from neuraldbg.causal.nodes.causes import retention_not_kept
-from neuraldbg.causal.nodes.run import LR
+from neuraldbg.causal.fixes import describe, suggested_fix, unobserved_note
+from neuraldbg.causal.nodes.loop import DETACHED_LAYER, ORPHAN_LAYER
 from neuraldbg.causal.types import CausalChain, Hypothesis, Posterior
 from neuraldbg.events.base import FAILURE_TYPES, Event
 from neuraldbg.trace import Trace
+from neuraldbg.vocab import ROOTS
 
 #: Reporting floor: an abnormal root state is reported as a hypothesis only when its
 #: posterior is at least this. Family priors put every abnormal state at 0.15 or less, so a
@@ -33,13 +33,13 @@ FAILURE_VARIABLES: dict[str, tuple[str, ...]] = {
     "exploding_gradients": ("exploding",),
     "dead_neurons": ("dead",),
     "saturated_activations": ("saturation",),
-    "optimizer_instability": ("loss_pattern", "loss_start"),
+    "optimizer_instability": ("loss_pattern", "loss_start", "progress"),
     "data_anomaly": ("data_nan", "data_shift", "target_fault"),
 }
 #: Normal state of each failure variable (the failure "did not occur").
 _NORMAL = {"vanishing": "absent", "exploding": "absent", "dead": "absent", "saturation": "absent",
            "loss_pattern": "decreasing", "loss_start": "normal", "data_nan": "absent", "data_shift": "absent",
-           "target_fault": "absent"}
+           "target_fault": "absent", "progress": "learning"}
 _VAR_FAILURE = {v: ft for ft, vs in FAILURE_VARIABLES.items() for v in vs}
 
 #: Failure type of a hypothesis with no event-backed evidence (e.g. a flat loss only).
@@ -51,7 +51,15 @@ DEFAULT_FAILURE: dict[tuple[str, str], str] = {
     ("data", "corrupted"): "data_anomaly",
     ("data", "shifted"): "data_anomaly",
     ("architecture", "unstable"): "vanishing_gradients",
+    **{("training_loop", s): "optimizer_instability" for s in ROOTS["training_loop"][1:]},
+    ("unexplained", "not_learning"): "optimizer_instability",
 }
+#: Variables whose reading is itself the finding when no event backs a hypothesis (its note is
+#: the sentence), most telling first
+_NOTE_VARS = ("stale_grads", "orphan_params", "detached", "loss_input", "retention", "progress")
+#: The layer a loop bug names, read from its signature
+_LAYER_SIGNATURE = {("training_loop", "params_not_in_optimizer"): ORPHAN_LAYER,
+                    ("training_loop", "graph_detached"): DETACHED_LAYER}
 
 
 def _event_key(trace: Trace):
@@ -113,13 +121,22 @@ def build(trace: Trace, post: Posterior, net: CompiledNetwork, ev: Evidence, cau
         primary = [e for e in events if (e.type, e.kind) in pairs] or _failure_events(trace, failure_type)
         first = _origin(primary, trace, weight)
     origin = first.layer if first is not None else None
+    layer_sig = _LAYER_SIGNATURE.get((cause, state))
+    if origin is None and layer_sig is not None:
+        origin = trace.signatures.value(layer_sig)
     onset = first.step if first is not None else _loss_onset(trace)
     rank = first.rank if first is not None else None
     fix = suggested_fix(trace, ev, cause, state, origin, onset)
     text = describe(cause, state, p, failure_type, origin, onset, rank)
-    if first is None and "retention" in sup:  # nothing in the loop shows it: the reference does
+    noted = next((v for v in _NOTE_VARS if v in sup and v in ev.notes), None) if first is None else None
+    if noted == "retention":  # nothing in the loop shows it: the reference does
         text = (f"{cause} is {state.replace('_', ' ')} (p={p:.2f}): the run forgot its reference task "
                 f"({ev.notes['retention']}).")
+    elif noted is not None and (cause, state) == ("unexplained", "not_learning"):
+        text = (f"training is not learning (p={p:.2f}): {ev.notes[noted]}, and no modeled cause explains it.")
+    elif noted is not None:
+        text = f"{cause} is {state.replace('_', ' ')} (p={p:.2f}): {ev.notes[noted]}."
+    text += unobserved_note(net, ev, cause, state)
     return Hypothesis(cause=cause, state=state, probability=p, failure_type=failure_type,
                       origin_layer=origin, onset_step=onset, evidence=tuple(events),
                       suggested_fix=fix, description=text, origin_rank=rank)
@@ -149,67 +166,6 @@ def _origin(events: list[Event], trace: Trace, weight: Mapping[Event, float] | N
 
 def _loss_onset(trace: Trace) -> int | None:
     return trace.loss.first_nonfinite_step
-
-
-def describe(cause: str, state: str, p: float, failure_type: str, layer: str | None, step: int | None,
-             rank: int | None = None) -> str:
-    """One sentence naming cause, state, probability, failure type, layer, step (and rank)."""
-    what = failure_type.replace("_", " ")
-    where = f"layer `{layer}`" if layer is not None else "the loss (no layer event)"
-    when = f"step {step}" if step is not None else "an unknown step"
-    on = f" on rank {rank}" if rank is not None else ""
-    return f"{cause} is {state.replace('_', ' ')} (p={p:.2f}): {what} first seen in {where} at {when}{on}."
-
-
-def _lr_text(trace: Trace) -> str:
-    lrs = trace.signatures.value(LR)
-    if isinstance(lrs, (list, tuple)) and lrs:
-        try:
-            vals = sorted({float(x) for x in lrs if math.isfinite(float(x))})
-        except (TypeError, ValueError):
-            return ""
-        if vals:
-            return f" (currently {', '.join(f'{v:g}' for v in vals)})"
-    return ""
-
-
-def suggested_fix(trace: Trace, ev: Evidence, cause: str, state: str, layer: str | None, step: int | None) -> str:
-    """One specific sentence: what to change, where and when."""
-    at = f"`{layer}`" if layer else "the first layer"
-    when = f" at step {step}" if step is not None else ""
-    if (cause, state) == ("learning_rate", "too_high"):
-        if layer is None and step is None and retention_not_kept(ev.observed.get("retention")):
-            return (f"Lower the learning rate about 10x{_lr_text(trace)} (or train fewer steps): the updates "
-                    "overwrite what the model knew while the training loss still falls.")
-        return (f"Lower the learning rate about 10x{_lr_text(trace)} or add warm-up and gradient "
-                f"clipping; the blow-up starts{when} in {at}.")
-    if (cause, state) == ("learning_rate", "too_low"):
-        return (f"Raise the learning rate about 10x{_lr_text(trace)} (or run a learning-rate range "
-                "test); the loss barely moves.")
-    if (cause, state) == ("initialization", "too_small"):
-        return (f"Re-initialize {at} and the layers after it with Kaiming (ReLU) or Xavier "
-                "(tanh/sigmoid) initialization at the default scale.")
-    if (cause, state) == ("initialization", "too_large"):
-        return (f"Re-initialize {at} with Kaiming/Xavier at the default scale; the oversized "
-                "weights blow up the forward pass from the first step.")
-    if (cause, state) == ("data", "corrupted"):
-        return (f"Drop or repair the NaN/Inf batch{when} (filter non-finite samples in the data "
-                f"pipeline or apply torch.nan_to_num) before it reaches {at}.")
-    if (cause, state) == ("data", "shifted"):
-        return (f"Normalize inputs with fixed training-set statistics before {at}; their scale "
-                f"or distribution changed{when}.")
-    # architecture / unstable: tailor the remedy to what the structure shows
-    types = {li.type for li in trace.layers}
-    risk = ev.observed.get("depth_risk")
-    if types & {"RNN", "LSTM", "GRU", "RNNCell", "LSTMCell", "GRUCell"} or trace.family == "rnn":
-        return (f"Clip gradients and prefer gated cells (LSTM/GRU) or shorter unrolls for {at}; "
-                "the recurrence is the unstable part.")
-    if trace.family == "gnn":
-        return f"Use fewer message-passing layers or add residual/normalization around {at} to stop oversmoothing."
-    if risk == "deep_saturating" or ev.observed.get("saturation") not in (None, "absent"):
-        return (f"Add normalization/residual connections or swap sigmoid/tanh for ReLU/GELU in the "
-                f"stack starting at {at}.")
-    return f"Add normalization/residual connections (or reduce depth) around {at}."
 
 
 def hypotheses(trace: Trace, post: Posterior, net: CompiledNetwork, ev: Evidence,

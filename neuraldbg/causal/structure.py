@@ -38,14 +38,18 @@ class Reading:
     """What one evidence node read from a trace.
 
     ``state`` is a state, a tuple of states (a partial observation: "one of these") or ``None``
-    (unobserved: the trace could not show it, ``reason`` says why). ``support`` holds the
-    events behind the reading, ``note`` a short sentence for people.
+    (unobserved: the trace could not show it, ``reason`` says why; ``gap`` when the monitor did
+    not measure it). ``support`` holds the events behind the reading, ``note`` a short sentence.
     """
 
     state: str | tuple[str, ...] | None
     support: tuple[Event, ...] = ()
     note: str = ""
     reason: str | None = None
+    #: unobserved because the monitor did not measure what it reads (no optimizer found, not at
+    #: initialization, an unsupported tensor type, a monitor error), not because the run did not
+    #: show it: the diagnosis says so
+    gap: bool = False
 
 
 #: an evidence node's extractor: a view of the trace in, a reading (``None``: unobserved) out

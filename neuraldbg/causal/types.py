@@ -167,16 +167,18 @@ class Posterior(dict):
     ``posterior["healthy"] == {"yes": p, "no": 1 - p}`` with ``p = P(all root causes ok |
     evidence)``, also available as ``.p_healthy``. ``.evidence`` holds the discretized
     evidence the posterior conditions on (unobserved variables are absent), ``.source`` the
-    prior source (family name or file path).
+    prior source (family name or file path). ``.nothing_observed``: the monitor saw neither a
+    loss nor any layer statistics, so this is the prior and no finding about the run.
     """
 
     def __init__(self, marginals: Mapping[str, Mapping[str, float]], p_healthy: float,
-                 evidence: Mapping[str, str] | None = None, source: str = "") -> None:
+                 evidence: Mapping[str, str] | None = None, source: str = "", nothing_observed: bool = False) -> None:
         super().__init__({v: dict(d) for v, d in marginals.items()})
         self["healthy"] = {"yes": float(p_healthy), "no": float(1.0 - p_healthy)}
         self.p_healthy = float(p_healthy)
         self.evidence = dict(evidence or {})
         self.source = source
+        self.nothing_observed = bool(nothing_observed)
 
     def abnormal(self) -> list[tuple[str, str, float]]:
         """Every abnormal ``(variable, state, p)``, most probable first."""
@@ -185,8 +187,87 @@ class Posterior(dict):
         return sorted(out, key=lambda t: -t[2])
 
     def __repr__(self) -> str:
+        if self.nothing_observed:
+            return f"Posterior(nothing observed: the prior, p_healthy={self.p_healthy:.4f}, {dict.__repr__(self)})"
         return f"Posterior(p_healthy={self.p_healthy:.4f}, {dict.__repr__(self)})"
 
     def __reduce__(self):  # keep extra attributes through pickle/copy
         marg = {k: v for k, v in self.items() if k != "healthy"}
-        return (Posterior, (marg, self.p_healthy, self.evidence, self.source))
+        return (Posterior, (marg, self.p_healthy, self.evidence, self.source, self.nothing_observed))
+
+
+@dataclass(frozen=True)
+class VariableCoverage:
+    """How the diagnosis read one evidence variable: ``observed`` (its ``state``), or not and
+    ``reason`` why; ``gap`` when the monitor did not measure what it reads (no optimizer found,
+    a monitor error, an unsupported tensor type, not at initialization) rather than the run not
+    being able to show it (no ReLU to die, no reference loss given)."""
+
+    variable: str
+    observed: bool
+    reason: str | None = None
+    gap: bool = False
+    state: Any = None
+
+    def __str__(self) -> str:
+        if self.observed:
+            state = "/".join(self.state) if isinstance(self.state, tuple) else self.state
+            return f"{self.variable}: {state}"
+        return f"{self.variable}: not observed ({self.reason})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        state = list(self.state) if isinstance(self.state, tuple) else self.state
+        return {"variable": self.variable, "observed": self.observed, "reason": self.reason, "gap": self.gap,
+                "state": state}
+
+
+class Coverage(dict):
+    """``variable -> VariableCoverage`` for every evidence variable of the network: what the
+    diagnosis saw and what it did not (``docs/api.md``, "Coverage").
+
+    ``internal_errors`` counts the monitor's own failures during the run; ``nothing_observed`` is
+    true when the monitor saw neither a loss nor any layer statistics, so the posterior is the
+    prior and says nothing about this run.
+    """
+
+    def __init__(self, entries: Mapping[str, VariableCoverage], internal_errors: int = 0,
+                 nothing_observed: bool = False) -> None:
+        super().__init__(entries)
+        self.internal_errors = int(internal_errors)
+        self.nothing_observed = bool(nothing_observed)
+
+    def unobserved(self) -> dict[str, str]:
+        """``variable -> reason`` of every variable not observed."""
+        return {v: c.reason or "" for v, c in self.items() if not c.observed}
+
+    def gaps(self) -> dict[str, str]:
+        """``variable -> reason`` of the variables the monitor did not measure."""
+        return {v: c.reason or "" for v, c in self.items() if c.gap}
+
+    def summary(self) -> str:
+        """One sentence: how much was observed, what the monitor missed, its errors."""
+        if self.nothing_observed:
+            head = "nothing was observed (no loss and no layer statistics): the posterior is the prior"
+        else:
+            head = f"{sum(c.observed for c in self.values())} of {len(self)} evidence variables observed"
+        gaps = self.gaps()
+        if gaps and not self.nothing_observed:
+            by_reason: dict[str, list[str]] = {}
+            for v, why in gaps.items():
+                by_reason.setdefault(why, []).append(v)
+            head += "; not measured: " + "; ".join(f"{', '.join(vs)} ({why})" for why, vs in by_reason.items())
+        if self.internal_errors:
+            head += f"; {self.internal_errors} internal error{'s' if self.internal_errors != 1 else ''} of the monitor"
+        return head
+
+    def __str__(self) -> str:
+        return "\n".join([self.summary()] + [f"  {c}" for c in self.values()])
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {"nothing_observed": self.nothing_observed, "internal_errors": self.internal_errors,
+                "variables": {v: c.to_dict() for v, c in self.items()}}
+
+    def __reduce__(self):  # keep extra attributes through pickle/copy
+        return (Coverage, (dict(self), self.internal_errors, self.nothing_observed))

@@ -8,12 +8,15 @@ needs from another (the loss pattern, say).
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from neuraldbg.causal.nodes.run import EVERY
+from neuraldbg.causal.nodes.run import EVERY, GRAD_STEPS, STATS_STEPS, unsupported
 from neuraldbg.events.base import Event
 from neuraldbg.trace import Trace
 from neuraldbg.vocab import has_trait
+
+if TYPE_CHECKING:  # structure imports this module's TraceView for its extractors
+    from neuraldbg.causal.structure import Reading
 
 #: an event is "at init" when it starts within the first ``INIT_STEPS`` checked steps: the first
 #: step's gradients are computed before any update, so only weights, inputs and structure can
@@ -35,6 +38,19 @@ class TraceView:
         if key not in self._memo:
             self._memo[key] = fn(self)
         return self._memo[key]
+
+    def gap(self, sig: Any) -> str | None:
+        """Why the run did not measure signature ``sig`` (``None``: no reason recorded)."""
+        return self.signatures.gap(sig)
+
+    def unmeasured(self, sig: Any, otherwise: str) -> "Reading":
+        """The unobserved reading of a node whose signature ``sig`` (``None``: whose own
+        statistics) is missing: the monitor's reason when it recorded one (a gap, or parameters
+        of a tensor type it does not measure), else ``otherwise``."""
+        from neuraldbg.causal.structure import Reading
+
+        why = (self.signatures.gap(sig) if sig is not None else None) or unsupported(self.signatures)
+        return Reading(None, reason=why or otherwise, gap=why is not None)
 
     def of_kind(self, type_: str, *kinds: str) -> list[Event]:
         """The events of ``type_`` whose kind is one of ``kinds``."""
@@ -64,13 +80,36 @@ class TraceView:
 
     @cached_property
     def watched(self) -> bool:
-        """Whether detectors ran on layers (absence of a layer event is then evidence)."""
-        return bool(self.trace.layers)
+        """Whether detectors ran on layers (absence of a layer event is then evidence): layers
+        were monitored and their statistics reached the detectors on some checked step
+        (sessions written before that count was recorded: layers were monitored)."""
+        n = self.signatures.number(STATS_STEPS)
+        return bool(self.trace.layers) and (n is None or n > 0)
 
     @cached_property
     def grad_layers(self) -> list[str]:
-        """Monitored layers that own parameters (where gradient events can occur), forward order."""
+        """Monitored layers that own parameters (where gradient events can occur), forward order;
+        none when no parameter gradient was measured on any checked step."""
+        if not self.watched or self.signatures.number(GRAD_STEPS) == 0:
+            return []
         return [li.name for li in sorted(self.trace.layers, key=lambda x: x.index) if li.n_params > 0]
+
+    def unwatched(self, otherwise: str, gradients: bool = False) -> "Reading":
+        """The unobserved reading of a node that reads layer statistics (``gradients``: parameter
+        gradients) when there were none: a gap when layers were there but nothing reached the
+        detectors, else ``otherwise``."""
+        from neuraldbg.causal.structure import Reading
+
+        if self.trace.layers and self.signatures.number(STATS_STEPS) == 0:
+            return Reading(None, reason="no layer statistics reached the monitor on any checked step", gap=True)
+        if gradients:
+            why = unsupported(self.signatures)
+            if why:
+                return Reading(None, reason=why, gap=True)
+            has_params = any(li.n_params for li in self.trace.layers)
+            if self.watched and self.signatures.number(GRAD_STEPS) == 0 and has_params:
+                return Reading(None, reason="no parameter gradient was measured on any checked step", gap=True)
+        return Reading(None, reason=otherwise)
 
     @cached_property
     def layer_types(self) -> set[str]:

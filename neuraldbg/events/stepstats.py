@@ -53,7 +53,12 @@ class StepStats:
 
     Build it from ``layers`` (a dict per layer with any of those keys, as tests and custom
     callers do) or from ready columns (``names``, ``columns``, ``present``, as the monitor does).
+    ``ran_without_grad`` names the layers whose training-mode forward ran under ``no_grad``
+    in this step (they ran, cut from the loss; no statistics are taken there).
     """
+
+    #: layers whose training-mode forward ran under ``torch.no_grad()`` this step
+    ran_without_grad: tuple[str, ...] = ()
 
     def __init__(self, step: int, loss: float | None = None, inputs: dict[str, float] | None = None,
                  layers: dict[str, dict[str, float]] | None = None, has_backward: bool = False,

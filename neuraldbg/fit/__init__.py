@@ -12,17 +12,8 @@ from __future__ import annotations
 
 from neuraldbg.fit.cases import Run, TuneError, inputs_hash, load_runs, truth_of
 from neuraldbg.fit.em import DEFAULT_ESS, FitInfo, fit_cpds, pseudo_counts
-from neuraldbg.fit.select import (
-                                  DEFAULT_FOLDS,
-                                  TEMPERATURE_GRID,
-                                  CVResult,
-                                  Prediction,
-                                  cross_validate,
-                                  fold_groups,
-                                  label_metrics,
-                                  predict,
-                                  prior_mix_weights,
-)
+from neuraldbg.fit.select import (DEFAULT_FOLDS, TEMPERATURE_GRID, CVResult, Prediction, cross_validate, fold_groups,
+                                  label_metrics, predict, prior_mix_weights)
 from neuraldbg.fit.write import TuneResult, hand_set_base, tune
 
 __all__ = ["DEFAULT_ESS", "DEFAULT_FOLDS", "TEMPERATURE_GRID", "CVResult", "FitInfo", "Prediction", "Run",

@@ -44,8 +44,21 @@ class PartContext:
 
     @property
     def optimizer(self) -> Any:
-        """The optimizer the monitor watches."""
+        """The primary optimizer (given, or first found)."""
         return self._dbg.optimizer
+
+    @property
+    def optimizers(self) -> list[Any]:
+        """Every optimizer seen stepping the model, the primary one first."""
+        return list(self._dbg._optimizers.found)
+
+    def is_primary(self, optimizer: Any) -> bool:
+        """Whether ``optimizer``'s steps are the primary optimizer's."""
+        return self._dbg._optimizers.is_primary(optimizer)
+
+    def params_of(self, optimizer: Any) -> list[Any]:
+        """The parameters ``optimizer`` holds."""
+        return self._dbg._optimizers.params_of(optimizer)
 
     @property
     def step(self) -> int:
@@ -103,41 +116,61 @@ class PartContext:
 class Parts:
     """A monitor's parts and the calls of their lifecycle (only to the parts that override a hook)."""
 
-    def __init__(self, parts: list[Addon], ctx: AddonContext, guard: Callable[[Callable[[], Any], str], None]) -> None:
+    def __init__(self, parts: list[Addon], ctx: AddonContext, fail: Callable[[str, BaseException], None]) -> None:
         for p in parts:
             if not isinstance(p, Addon):
                 raise TypeError(f"a monitor part must be a neuraldbg.lifecycle.Addon, got {type(p).__name__}")
         self.all = list(parts)
         self.ctx = ctx
-        self._guard = guard
+        self._fail = fail  # counts and reports a failure once (the monitor's)
         self._by_hook = {h: [p for p in parts if overrides(p, h)] for h in HOOKS}
+        #: id(part) -> what its first failure was (its signatures then read "a monitor error")
+        self.failed: dict[int, str] = {}
 
     def wants(self, hook: str) -> bool:
         """Whether any part does something on ``hook``."""
         return bool(self._by_hook[hook])
 
     def call(self, hook: str, *args: Any) -> None:
-        """Call ``hook`` on every part that has it, each under the guard."""
+        """Call ``hook`` on every part that has it, each under the guard (a failure is recorded
+        against the part)."""
         for part in self._by_hook[hook]:
-            self._guard(lambda part=part: getattr(part, hook)(self.ctx, *args), f"{type(part).__name__}.{hook}")
+            try:
+                getattr(part, hook)(self.ctx, *args)
+            except Exception as e:  # noqa: BLE001 - reported, never raised into training
+                self._failed(part, hook, e)
+
+    def _failed(self, part: Addon, hook: str, e: BaseException) -> None:
+        what = f"{type(part).__name__}.{hook}"
+        self.failed.setdefault(id(part), f"{what}: {type(e).__name__}")
+        self._fail(what, e)
 
     def of_type(self, cls: type) -> Any:
         """The first part that is a ``cls``, or ``None``."""
         return next((p for p in self.all if isinstance(p, cls)), None)
 
-    def summaries(self, values: dict[str, Any]) -> dict[str, int]:
+    def summaries(self, values: dict[str, Any]) -> tuple[dict[str, int], dict[str, str]]:
         """Every measurement's signatures added to ``values`` (by name), each checked against its
-        declaration; returns the steps they were measured by. A measurement that reports a
-        signature it does not declare, or an invalid value, is reported as an internal error
-        (through the guard) and its values are left out."""
+        declaration; returns the steps they were measured by and why the others were not. A
+        measurement that reports a signature it does not declare, or an invalid value, or that
+        failed, is reported as an internal error (through the guard): its values are left out
+        and its signatures read "a monitor error"."""
         steps: dict[str, int] = {}
+        gaps: dict[str, str] = {}
         for part in self.all:
             if isinstance(part, Measurement):
-                self._guard(lambda part=part: _collect(part, values, steps), f"{type(part).__name__}.summary")
-        return steps
+                try:
+                    _collect(part, values, steps, gaps)
+                except Exception as e:  # noqa: BLE001 - reported; the other parts' values stay
+                    self._failed(part, "summary", e)
+                failed = self.failed.get(id(part))
+                for sig in part.signatures:
+                    if sig.name not in values and failed:
+                        gaps[sig.name] = f"a monitor error ({failed})"
+        return steps, gaps
 
 
-def _collect(m: Measurement, values: dict[str, Any], steps: dict[str, int]) -> None:
+def _collect(m: Measurement, values: dict[str, Any], steps: dict[str, int], gaps: dict[str, str]) -> None:
     checked = {}
     for sig, v in m.summary().items():
         if sig not in m.signatures:
@@ -146,3 +179,4 @@ def _collect(m: Measurement, values: dict[str, Any], steps: dict[str, int]) -> N
         checked[sig.name] = check_signature(sig.name, v)
     values.update(checked)
     steps.update((sig.name, s) for sig, s in m.steps().items() if sig.name in checked)
+    gaps.update((sig.name, r) for sig, r in m.gaps().items() if sig.name not in checked)

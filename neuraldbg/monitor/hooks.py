@@ -49,13 +49,16 @@ class ModuleHooks:
     """
 
     def __init__(self, root: nn.Module, *, every: int, config: DetectorConfig, scaler: Any,
-                 report: Callable[..., None]) -> None:
+                 report: Callable[..., None], backward_started: Callable[[Any], None] | None = None) -> None:
         self.root = root
         self.every = every
         self.margin = config.saturation_margin
         self.softmax_margin = config.softmax_saturation_margin
         self.scaler = scaler
         self._report = report
+        #: called with the first parameter whose gradient a backward pass accumulates (checked
+        #: steps): every other parameter still holds what it held before the pass
+        self.backward_started = backward_started
         self.eval_trains = False  # set when the model is trained in eval() mode (then eval forwards count)
         # layer name -> (weak ref to the hooked module, its hook handles, ids of its params):
         # how replaced or renamed modules are noticed and unhooked (weak: an orphan is freed)
@@ -156,7 +159,8 @@ class ModuleHooks:
             self.switch.add(h, fn)
             self.hooked[name] = (weakref.ref(mod), [h], [])
             for p in mod.parameters(recurse=False):
-                if p.requires_grad and id(p) not in owner and id(p) not in self.hooked_params:
+                # a tensor subclass (DTensor...) is not measured: coverage says so
+                if p.requires_grad and id(p) not in owner and id(p) not in self.hooked_params and S.is_plain(p):
                     owner[id(p)] = (name, layer, p)
         for name, layer, p in owner.values():
             pidx = self.tables.param(layer, p.numel())
@@ -239,6 +243,10 @@ class ModuleHooks:
 
     def _on_output(self, spec: Spec, module, inputs, output):
         buf = self.buf
+        if buf.active and not torch.is_grad_enabled() and (self.root.training or self.eval_trains):
+            # a training-mode forward under no_grad: the module ran, cut from the loss (a
+            # host-side note, no kernel; the loop checks read it)
+            buf.ran_without_grad.add(spec.layer)
         if not buf.active or spec.name in self.disabled or self._skip_forward(buf):
             return None
         try:
@@ -290,6 +298,8 @@ class ModuleHooks:
             if pend is None or pend[0] is not buf:
                 self._capture_scale(buf)
                 pend = self._pending = (buf, [])
+                if self.backward_started is not None:
+                    self.backward_started(param)
                 if not _queue_at_backward_end(self._grads_done):
                     # not inside the autograd engine (no final callbacks): measure this one now
                     self._pending = None

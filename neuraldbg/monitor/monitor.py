@@ -18,7 +18,7 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from neuraldbg.causal.nodes.run import EVERY, LR, OPTIMIZER
+from neuraldbg.causal.nodes.run import EVERY, GRAD_STEPS, LR, OPTIMIZER, STATS_STEPS
 from neuraldbg.causal.priors import as_priors
 from neuraldbg.config import DetectorConfig
 from neuraldbg.events.base import Event
@@ -33,9 +33,11 @@ from neuraldbg.monitor.lossinput import loss_value
 from neuraldbg.monitor.measurements import parts_for
 from neuraldbg.monitor.measurements.reference import ReferenceLoss, check_reference
 from neuraldbg.monitor.measurements.weights import weight_census
+from neuraldbg.monitor.optimizers import OptimizerWatch
 from neuraldbg.monitor.records import dist_rank, unwrap
-from neuraldbg.monitor.settings import (DEFAULT_REFERENCE_EVERY, Settings, check_config, check_detectors, check_every,
-                                        check_scaler, check_sync_every)
+from neuraldbg.monitor.stats import is_plain
+from neuraldbg.monitor.settings import (DEFAULT_REFERENCE_EVERY, Settings, check_at_init, check_config,
+                                        check_detectors, check_every, check_scaler, check_sync_every)
 from neuraldbg.monitor.transfer import HostTransfer
 from neuraldbg.queries import CausalQueries
 from neuraldbg.trace import LayerInfo, Signatures, Trace
@@ -55,9 +57,11 @@ class NeuralDbg(CausalQueries):
             wrappers are looked through; hooks go on the user's modules).
         family: architecture family for priors (``mlp``, ``cnn``, ``transformer``, ``gan``,
             ``lora``, ``diffusion``, ``rnn``, ``gnn``, ``rl``); guessed from module types when None.
-        optimizer: optional optimizer. Its step pre/post hooks measure the update-to-weight
-            ratio (the learning rate's signature; the weight matrices are copied on the first
-            16 checked steps only) and its learning rates go into the export.
+        optimizer: the primary optimizer, optional. Without it the monitor finds the optimizers
+            that step the model's parameters (torch's global optimizer step hooks); the primary
+            one's steps measure the update-to-weight ratio (the learning rate's signature; the
+            weight matrices are copied on the first 16 checked steps only), and its learning
+            rates go into the export.
         every: check every Nth step (1 = every step).
         config: detector thresholds (:class:`DetectorConfig` or a dict of its fields).
         detectors: names of registered detectors to run (all by default).
@@ -77,6 +81,10 @@ class NeuralDbg(CausalQueries):
             keep (a fine-tune's pre-training task), called on entry and every
             ``reference_every`` steps without touching training: the retention signature
             (``neuraldbg/monitor/measurements/reference.py``). Off (``None``) by default.
+        at_init: whether the weights on entry are an initialization. ``False`` for a resumed,
+            loaded or pre-trained model (their scale is then no evidence about the
+            initialization); ``None`` (default) decides from the run: an optimizer that already
+            holds state before its first step means a resume.
 
     ``dbg.settings`` holds all of them, validated, as one frozen record.
     """
@@ -85,7 +93,8 @@ class NeuralDbg(CausalQueries):
                  config: DetectorConfig | dict | None = None, detectors: Iterable[str] | None = None,
                  priors: Any = None, sync_every: int | None = None, scaler: Any = None,
                  snapshots: bool | int | None = None, autosave: Any = None, autosave_interval: float = 30.0,
-                 reference: Any = None, reference_every: int = DEFAULT_REFERENCE_EVERY) -> None:
+                 reference: Any = None, reference_every: int = DEFAULT_REFERENCE_EVERY,
+                 at_init: bool | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"NeuralDbg expects a torch.nn.Module, got {type(model).__name__}")
         self.model = model
@@ -98,15 +107,17 @@ class NeuralDbg(CausalQueries):
             family=family, optimizer=optimizer, every=check_every(every), config=check_config(config),
             detectors=check_detectors(detectors), priors=pri, sync_every=check_sync_every(sync_every),
             scaler=check_scaler(scaler), snapshots=snapshots, autosave=autosave,
-            autosave_interval=autosave_interval, reference=reference, reference_every=reference_every)
+            autosave_interval=autosave_interval, reference=reference, reference_every=reference_every,
+            at_init=check_at_init(at_init))
         self._priors = pri
         self._hooks = ModuleHooks(self.root, every=self.every, config=self.config, scaler=self.scaler,
-                                  report=self._report)
+                                  report=self._report, backward_started=self._backward_started)
         self._transfer = HostTransfer(self.settings.sync_every, self._consume)
         self._order_pos = self._hooks.order_pos  # forward order, kept by the hooks
         self._reported: set[tuple] = set()
         self._internal_errors = 0
         self._consumed = 0
+        self._grad_steps = 0
         self._step = 0
         self._user_steps = False
         self._detectors = None
@@ -116,14 +127,15 @@ class NeuralDbg(CausalQueries):
         self._last_step = 0
         self._entered = self._exited = False
         self._census: list = []  # the weight matrices and their norms on entry
-        self._opt_handles: list[Any] = []
         self._closed_active = False  # whether the step closed last was a checked one
         self.rank, self.world_size = dist_rank()
-        self._parts = Parts(parts_for(self.root, self.settings), PartContext(self), self._safe)
+        self._optimizers = OptimizerWatch(self.root, optimizer, self._optimizer_pre, self._optimizer_post)
+        self._parts = Parts(parts_for(self.root, self.settings), PartContext(self), self._fail)
 
     # ---- the settings, read-only -------------------------------------------------------
     family = property(lambda self: self.settings.family, doc="Architecture family used for priors.")
-    optimizer = property(lambda self: self.settings.optimizer, doc="The optimizer the monitor watches.")
+    optimizer = property(lambda self: self._optimizers.primary,
+                         doc="The primary optimizer: the one given, else the first found stepping the model.")
     every = property(lambda self: self.settings.every, doc="Check interval: every Nth step is measured.")
     config = property(lambda self: self.settings.config, doc="The detector thresholds.")
     scaler = property(lambda self: self.settings.scaler, doc="The GradScaler of a mixed-precision loop.")
@@ -156,16 +168,14 @@ class NeuralDbg(CausalQueries):
             log.exception("neuraldbg: could not register hooks; monitoring is off for this run")
             return self
         self._safe(self._measure_weights, "weight census")
-        self._safe(self._hook_optimizer, "optimizer hooks")
+        self._safe(lambda: self._optimizers.start(self._report), "optimizer hooks")
         self._parts.call("enter")
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         self._exited = True
         self._hooks.remove()
-        for h in self._opt_handles:
-            self._safe(h.remove, "optimizer hooks")
-        self._opt_handles = []
+        self._safe(self._optimizers.stop, "optimizer hooks")
         self._safe(self._close_step, "close")
         self._safe(self._transfer.drain, "drain")
         self._parts.call("exit", exc)
@@ -176,23 +186,14 @@ class NeuralDbg(CausalQueries):
         transfer): what the initial-scale and step-size measurements start from."""
         self._census = weight_census(self._hooks.modules)
 
-    def _hook_optimizer(self) -> None:
-        """Step pre/post hooks on the optimizer, for the parts that measure around its steps."""
-        opt = self.optimizer
-        if opt is None or not (self._parts.wants("optimizer_pre") or self._parts.wants("optimizer_post")):
-            return
-        if not (hasattr(opt, "register_step_pre_hook") and hasattr(opt, "param_groups")):
-            self._report(("step_probe",), f"optimizer {type(opt).__name__} has no step hooks; the step "
-                         "size is not measured", level=logging.INFO)
-            return
-        self._opt_handles = [opt.register_step_pre_hook(self._optimizer_pre),
-                             opt.register_step_post_hook(self._optimizer_post)]
-
-    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _optimizer_pre(self, optimizer: Any) -> None:
         self._parts.call("optimizer_pre", optimizer, self._update_checked())
 
-    def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _optimizer_post(self, optimizer: Any) -> None:
         self._parts.call("optimizer_post", optimizer, self._update_checked())
+
+    def _backward_started(self, param: Any) -> None:
+        self._parts.call("backward_started", param)
 
     def _update_checked(self) -> bool:
         """Whether the optimizer step now running belongs to a checked step. Without
@@ -206,14 +207,15 @@ class NeuralDbg(CausalQueries):
         declaration; a measurement that reports an undeclared or invalid one is reported as
         an internal error and its values are left out."""
         values: dict[str, Any] = {EVERY.name: self.every,
-                                  OPTIMIZER.name: type(self.optimizer).__name__ if self.optimizer else None}
+                                  OPTIMIZER.name: type(self.optimizer).__name__ if self.optimizer else None,
+                                  STATS_STEPS.name: self._consumed, GRAD_STEPS.name: self._grad_steps}
         if self.optimizer is not None:
             try:
                 values[LR.name] = tuple(float(g.get("lr", float("nan"))) for g in self.optimizer.param_groups)
             except Exception:  # noqa: BLE001 - a custom optimizer without param_groups
                 pass
-        steps = self._parts.summaries(values)
-        return Signatures(values, steps)
+        steps, gaps = self._parts.summaries(values)
+        return Signatures(values, steps, gaps)
 
     # ---- step bookkeeping --------------------------------------------------------------
     @property
@@ -260,6 +262,7 @@ class NeuralDbg(CausalQueries):
     # ---- detectors ---------------------------------------------------------------------
     def _consume(self, st: StepStats) -> None:
         self._consumed += bool(st.names)  # checked steps only: a loss-only step saw no module
+        self._grad_steps += bool(st.names) and bool(st.has_pgrad.any())
         if st.names and self._consumed % MODULE_CHECK_EVERY == 1:
             # a walk of named_modules on the host, so only every few checks: catches layers
             # added or swapped mid-run within MODULE_CHECK_EVERY checked steps
@@ -307,9 +310,13 @@ class NeuralDbg(CausalQueries):
     def _safe(self, fn, what: str) -> None:
         try:
             fn()
-        except Exception as e:  # noqa: BLE001
-            self._internal_errors += 1
-            self._report(("internal", what, type(e).__name__), f"internal error in {what}: {e!r}")
+        except Exception as e:  # noqa: BLE001 - the monitor never raises into training
+            self._fail(what, e)
+
+    def _fail(self, what: str, e: BaseException) -> None:
+        """Count a failure inside the monitor and log it once per place and kind."""
+        self._internal_errors += 1
+        self._report(("internal", what, type(e).__name__), f"internal error in {what}: {e!r}")
 
     def _report(self, key: tuple, msg: str, level: int = logging.WARNING) -> None:
         if key not in self._reported:
@@ -353,7 +360,7 @@ class NeuralDbg(CausalQueries):
         names = list(self._hooks.order) + [n for n, _ in modules if n not in self._order_pos]
         mods = dict(modules)
         return tuple(LayerInfo(name=n, type=type(mods[n]).__name__, index=i,
-                               n_params=sum(p.numel() for p in mods[n].parameters(recurse=False)))
+                               n_params=sum(p.numel() for p in mods[n].parameters(recurse=False) if is_plain(p)))
                      for i, n in enumerate(names))
 
     def trace(self) -> Trace:
@@ -367,7 +374,8 @@ class NeuralDbg(CausalQueries):
             sigs = Signatures()
         return Trace(events=events, layers=self.layers(), family=self.family,
                      first_step=self._first_step or 0, last_step=self._last_step,
-                     loss=self._loss.summary(), rank=self.rank, world_size=self.world_size, signatures=sigs)
+                     loss=self._loss.summary(), rank=self.rank, world_size=self.world_size, signatures=sigs,
+                     internal_errors=self._internal_errors)
 
     def reference_points(self) -> list[tuple[int, float]]:
         """``(step, reference loss)`` recorded so far (``reference=``; empty without one)."""

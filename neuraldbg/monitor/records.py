@@ -68,7 +68,7 @@ class StepBuffer:
     """What the hooks recorded in one step, still on the device."""
 
     __slots__ = ("step", "active", "tables", "records", "pgrad", "losses", "scale", "eval_skipped", "n_fwd",
-                 "traced", "root_called", "entry")
+                 "traced", "root_called", "entry", "ran_without_grad")
 
     def __init__(self, step: int, active: bool, tables: Tables) -> None:
         self.step = step
@@ -83,9 +83,10 @@ class StepBuffer:
         self.traced = False             # recorded by hooks traced under torch.compile
         self.root_called = False        # the root module's forward ran in this step
         self.entry: list[tuple] = []    # inputs of sub-networks called directly (see ModuleHooks)
+        self.ran_without_grad: set[int] = set()  # layers whose training-mode forward ran under no_grad
 
     def empty(self) -> bool:
-        return not (self.records or self.pgrad or self.losses)
+        return not (self.records or self.pgrad or self.losses or self.ran_without_grad)
 
 
 class Spec:

@@ -23,7 +23,9 @@ class Settings:
     """Everything a :class:`~neuraldbg.NeuralDbg` was built with (``docs/api.md``).
 
     ``priors`` is the validated :class:`~neuraldbg.causal.priors.Priors` (``None``: the
-    family's shipped priors); ``detectors`` the names of the detectors to run (``None``: all).
+    family's shipped priors); ``detectors`` the names of the detectors to run (``None``: all);
+    ``at_init`` whether the weights on entry are an initialization (``None``: decide from the
+    run, e.g. an optimizer that already holds state means a resume).
     """
 
     family: str
@@ -39,6 +41,7 @@ class Settings:
     autosave_interval: float = 30.0
     reference: Callable[[Any], Any] | None = None
     reference_every: int = DEFAULT_REFERENCE_EVERY
+    at_init: bool | None = None
 
     def as_kwargs(self) -> dict[str, Any]:
         """The keyword arguments that build a monitor with these settings:
@@ -91,3 +94,10 @@ def check_detectors(detectors: Iterable[str] | None) -> tuple[str, ...] | None:
     if isinstance(detectors, str):
         raise TypeError(f"detectors must be a list of detector names, got the string {detectors!r}")
     return tuple(detectors)
+
+
+def check_at_init(at_init: Any) -> bool | None:
+    """``at_init`` as ``True``, ``False`` or ``None``."""
+    if at_init is not None and not isinstance(at_init, bool):
+        raise TypeError(f"at_init must be True, False or None (decide from the run), got {at_init!r}")
+    return at_init

@@ -35,6 +35,11 @@ FRACTION_KINDS = ("relu", "bounded", "softmax")
 _HALF = (torch.float16, torch.bfloat16)
 
 
+def is_plain(t: torch.Tensor) -> bool:
+    """Whether ``t`` (a parameter, a gradient) holds a plain dense tensor: not a tensor subclass
+    (``DTensor``, a quantized or wrapper type) whose kernels the statistics do not cover."""
+    return type(t.data) is torch.Tensor
+
 def activation_kind(module: nn.Module) -> str:
     """'relu', 'bounded', 'softmax' or 'plain': which regime statistics apply to a module."""
     if isinstance(module, RELU_LIKE):

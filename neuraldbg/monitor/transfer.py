@@ -32,7 +32,8 @@ MAX_LAYOUTS = 64
 class _Pending:
     """One closed step in the queue."""
 
-    __slots__ = ("step", "checked", "records", "pgrad", "tensors", "floats", "scale", "has_bwd", "tables")
+    __slots__ = ("step", "checked", "records", "pgrad", "tensors", "floats", "scale", "has_bwd", "tables",
+                 "ran_without_grad")
 
     def __init__(self, buf: "StepBuffer") -> None:
         self.step = buf.step
@@ -44,6 +45,7 @@ class _Pending:
         self.scale = buf.scale
         self.has_bwd = bool(buf.pgrad)
         self.tables = buf.tables
+        self.ran_without_grad = buf.ran_without_grad
 
 
 class HostTransfer:
@@ -258,9 +260,14 @@ def _to_stepstats(step: int, where: tuple, host: np.ndarray, loss: float | None,
     of its scalars, offset of its vectors, parameter-batch cache)``."""
     p, lay, z0, vec_at, cache = where
     if lay is None:
-        return StepStats(step=step, loss=loss, has_backward=has_bwd)
-    with np.errstate(all="ignore"):
-        return _read(step, p, lay, host, z0, vec_at, cache, loss, has_bwd)
+        st = StepStats(step=step, loss=loss, has_backward=has_bwd)
+    else:
+        with np.errstate(all="ignore"):
+            st = _read(step, p, lay, host, z0, vec_at, cache, loss, has_bwd)
+    if p.ran_without_grad:
+        names = p.tables.names
+        st.ran_without_grad = tuple(names[i] for i in sorted(p.ran_without_grad))
+    return st
 
 
 def _name_entry(inputs: dict, lay: "_Layout", finite: np.ndarray, n: np.ndarray) -> None:

@@ -16,23 +16,9 @@ declarations are handed in by :mod:`neuraldbg.causal.priors`. The formats are do
 """
 from __future__ import annotations
 
-from neuraldbg.schema.base import (
-                                   FILE_SUM_TOL,
-                                   MAX_BYTES,
-                                   MAX_DEPTH,
-                                   MAX_INT,
-                                   PRIOR_SCHEMA_VERSION,
-                                   SESSION_SCHEMA,
-                                   SESSION_VERSIONS,
-                                   Checker,
-                                   PriorError,
-                                   SchemaError,
-                                   SessionFormatError,
-                                   join,
-                                   read_json,
-                                   show,
-                                   too_deep,
-)
+from neuraldbg.schema.base import (FILE_SUM_TOL, MAX_BYTES, MAX_DEPTH, MAX_INT, PRIOR_SCHEMA_VERSION, SESSION_SCHEMA,
+                                   SESSION_VERSIONS, Checker, PriorError, SchemaError, SessionFormatError, join,
+                                   read_json, show, too_deep)
 from neuraldbg.schema.priors import PRIOR_KEYS, check_priors, network_mismatch
 from neuraldbg.schema.session import check_session
 

@@ -9,7 +9,9 @@ from neuraldbg.vocab import EVENT_KINDS, EVENT_TYPES, FAMILIES
 _REQUIRED = ("schema", "version", "neuraldbg_version", "family", "rank", "world_size", "steps",
              "model", "events", "loss", "config", "priors")
 #: where each version keeps its signatures (before version 3: a flat ``meta`` object)
-_SIGNATURES_KEY = {1: "meta", 2: "meta", 3: "signatures"}
+_SIGNATURES_KEY = {1: "meta", 2: "meta", 3: "signatures", 4: "signatures"}
+#: fields added by version 4: why a signature was not measured, and the monitor's own failures
+_V4 = ("gaps", "internal_errors")
 _EVENT_OPTIONAL = ("layer", "end_step", "count", "severity", "values", "rank")
 _LOSS_KEYS = ("n", "first", "last", "min", "n_nonfinite", "first_nonfinite_step", "history")
 
@@ -37,7 +39,7 @@ def check_session(doc: Any, file: str = "<dict>", *, signature: SignatureCheck |
         raise SessionFormatError(f"{file} has session schema version {version!r}; this NeuralDBG reads "
                                  f"versions {', '.join(map(str, SESSION_VERSIONS))}", file=file, field="version")
     sig_key = _SIGNATURES_KEY[version]
-    c.obj(doc, "", _REQUIRED + (sig_key,), ("propagation",))
+    c.obj(doc, "", _REQUIRED + (sig_key,) + (_V4 if version >= 4 else ()), ("propagation",))
     out: dict[str, Any] = {"schema": SESSION_SCHEMA, "version": version,
                            "neuraldbg_version": c.string(doc["neuraldbg_version"], "neuraldbg_version"),
                            "family": c.string(doc["family"], "family", FAMILIES),
@@ -55,6 +57,19 @@ def check_session(doc: Any, file: str = "<dict>", *, signature: SignatureCheck |
     out["loss"] = _loss(c, doc["loss"])
     out["config"] = _config(c, doc["config"])
     out["signatures"] = _signatures(c, doc[sig_key], sig_key, version, signature, renamed or {})
+    out["gaps"], out["internal_errors"] = {}, 0
+    if version >= 4:
+        gaps = c.obj(doc["gaps"], "gaps")
+        for k, why in gaps.items():
+            if signature is not None:
+                try:
+                    signature(k, None)
+                except KeyError as exc:
+                    raise c.fail(join("gaps", k), str(exc.args[0] if exc.args else exc)) from None
+                except ValueError:
+                    pass  # only the name is checked here: a gap has no value
+            out["gaps"][k] = c.string(why, join("gaps", k))
+        out["internal_errors"] = c.integer(doc["internal_errors"], "internal_errors", 0)
     pri = doc["priors"]
     if version == 1:
         out["priors"] = c.string(pri, "priors", null=True)

@@ -1,7 +1,7 @@
 """The interventional likelihoods and the posterior update they make.
 
 Each tested hypothesis adds one observed node ``verify:<cause>/<state>`` to the network,
-with states ``persisted`` / ``vanished`` and the four root causes as parents:
+with states ``persisted`` / ``vanished`` and the root causes as parents:
 
     P(vanished | do(cause = ok), roots) = p[test][label]    for a single abnormal root,
                                         = p[test]["healthy"] when every root is ok,
@@ -9,7 +9,7 @@ with states ``persisted`` / ``vanished`` and the four root causes as parents:
 
 (with two faults present, fixing one leaves the other's symptom unless this intervention
 happens to undo both). Given the roots, the outcome depends on nothing else, so the update
-multiplies the observational posterior over the 54 root joint states by one likelihood
+multiplies the observational posterior over the root joint states by one likelihood
 column per test and renormalizes; :func:`reference_update` computes the same with pgmpy's
 ``VariableElimination`` on the network extended by those nodes (the cross-check of the tests).
 
@@ -36,14 +36,20 @@ _KEYS = {"schema_version", "description", "outcome", "hand_set", "reasoning", "f
 
 Table = Mapping[str, Mapping[str, float]]  # test label -> truth label -> P(vanished)
 
+#: Abnormal states no replay can test: a ``detach`` or ``no_grad`` inside the model's own
+#: forward cannot be undone from outside it, and the leak ``unexplained`` has nothing to undo.
+UNTESTED: tuple[str, ...] = ("training_loop/graph_detached", "unexplained/not_learning")
+#: The rows of a likelihood table: one per abnormal state an intervention tests.
+TESTED_LABELS: tuple[str, ...] = tuple(lab for lab in ABNORMAL_LABELS if lab not in UNTESTED)
+
 
 class LikelihoodError(ValueError):
     """A verification likelihood file is invalid."""
 
 
 def _check_table(where: str, table: Any) -> dict[str, dict[str, float]]:
-    if not isinstance(table, Mapping) or set(table) != set(ABNORMAL_LABELS):
-        raise LikelihoodError(f"{where}: expected one row per abnormal state {list(ABNORMAL_LABELS)}")
+    if not isinstance(table, Mapping) or set(table) != set(TESTED_LABELS):
+        raise LikelihoodError(f"{where}: expected one row per tested abnormal state {list(TESTED_LABELS)}")
     out = {}
     for test, row in table.items():
         if not isinstance(row, Mapping) or set(row) != set(LABELS):
@@ -133,7 +139,7 @@ _ROOT_LABELS = _root_labels()
 
 
 def likelihood(table: Table, test: str, outcome: str) -> np.ndarray:
-    """``P(outcome | do(test = ok), root joint)`` for the 54 root joint states."""
+    """``P(outcome | do(test = ok), root joint)`` for every root joint state."""
     if outcome not in OUTCOMES:
         raise ValueError(f"unknown outcome {outcome!r}; valid: {', '.join(OUTCOMES)}")
     row = table[test]

@@ -24,10 +24,13 @@ def _records(rows):
     return pd.DataFrame(out)
 
 
-def test_label_space_is_healthy_plus_the_seven_abnormal_states():
+def test_label_space_is_healthy_plus_every_abnormal_root_state():
     assert M.LABELS == ("healthy", "learning_rate/too_high", "learning_rate/too_low", "initialization/too_small",
-                        "initialization/too_large", "data/corrupted", "data/shifted", "architecture/unstable")
-    assert len(M.posterior_columns()) == 11
+                        "initialization/too_large", "data/corrupted", "data/shifted", "architecture/unstable",
+                        "training_loop/stale_gradients", "training_loop/params_not_in_optimizer",
+                        "training_loop/graph_detached", "training_loop/loss_on_probabilities",
+                        "unexplained/not_learning")
+    assert len(M.posterior_columns()) == 18  # every root state, ok included
 
 
 def test_parse_post_column_handles_underscored_names():

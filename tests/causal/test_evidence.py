@@ -22,7 +22,8 @@ def test_scenario_signatures():
     assert obs(SCENARIOS["healthy"][0]()) == {
         "exploding": "absent", "vanishing": "absent", "dead": "absent",  # ReLU MLP: no saturation watch
         "data_nan": "absent", "data_shift": "absent", "loss_start": "normal", "loss_pattern": "decreasing",
-        "depth_risk": "low", "target_fault": "absent"}  # no optimizer or weights recorded: no step/init signature
+        "depth_risk": "low", "target_fault": "absent",  # no optimizer or weights recorded: no step/init signature
+        "progress": "learning"}  # no loop signatures recorded either: the loop nodes are unobserved
     o = obs(SCENARIOS["lr_too_high"][0]())
     assert (o["exploding"], o["dead"], o["vanishing"], o["loss_pattern"], o["order"]) == \
         ("later", "later", "later", "divergence", "grad_first")

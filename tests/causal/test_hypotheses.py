@@ -8,6 +8,7 @@ from neuraldbg.causal import api
 from neuraldbg.causal.hypotheses import REPORT_FLOOR
 from neuraldbg.causal.types import Hypothesis
 from neuraldbg.events.base import FAILURE_TYPES
+from neuraldbg.vocab import ABNORMAL_LABELS
 from scenarios import SCENARIOS, decreasing, grad, loss_event, nan_batch, nan_inside, nan_sudden, trace
 from tests.tiny import signatures
 
@@ -142,7 +143,7 @@ def test_chain_of_a_nan_batch():
 
 def test_floor_is_adjustable():
     tr = SCENARIOS["lr_too_low"][0]()
-    assert len(api.hypotheses(tr, floor=0.0)) == 7  # every abnormal state
+    assert len(api.hypotheses(tr, floor=0.0)) == len(ABNORMAL_LABELS)  # every abnormal state
     assert api.hypotheses(tr, floor=0.99) == []
 
 

@@ -20,11 +20,17 @@ def trace(losses=(), sigs=None, events=(), family="mlp", nonfinite_step=None):
                       steps=max(len(losses), 1))
 
 
-@pytest.mark.parametrize("ratio,state", [(None, None), (1e-8, "tiny"), (9.9e-5, "tiny"), (1e-4, "normal"),
-                                         (3e-3, "normal"), (0.05, "normal"), (0.1, "elevated"), (0.2, "elevated"),
-                                         (0.5, "large"), (40.0, "large")])
+@pytest.mark.parametrize("ratio,state", [(None, None), (1e-8, "tiny"), (9.9e-5, "tiny"), (1e-4, "small"),
+                                         (3.9e-3, "small"), (4e-3, "normal"), (0.05, "normal"), (0.1, "elevated"),
+                                         (0.2, "elevated"), (0.5, "large"), (40.0, "large")])
 def test_step_size_cut_points(ratio, state):
     assert G.step_size_state(ratio) == state
+
+
+def test_small_and_tiny_read_the_fastest_layer_large_the_median():
+    # a slow median with one layer moving at a healthy rate is not a small step
+    assert G.step_size_state(1e-3, 0.01) == "normal" and G.step_size_state(1e-3, 2e-3) == "small"
+    assert G.step_size_state(5e-5, 2e-4) == "small" and G.step_size_state(5e-5, 5e-5) == "tiny"
 
 
 @pytest.mark.parametrize("f,state", [(None, None), (0.0, "normal"), (0.49, "normal"), (-0.49, "normal"), (0.6, "large"),

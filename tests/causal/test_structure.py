@@ -13,6 +13,9 @@ def test_roots_match_api_md():
         "initialization": ("ok", "too_small", "too_large"),
         "data": ("ok", "corrupted", "shifted"),
         "architecture": ("ok", "unstable"),
+        "training_loop": ("ok", "stale_gradients", "params_not_in_optimizer", "graph_detached",
+                          "loss_on_probabilities"),
+        "unexplained": ("ok", "not_learning"),
     }
 
 
@@ -35,7 +38,7 @@ def test_latent_mechanism_carries_the_correlated_instability_symptoms():
 def test_states_and_parents_lookup_errors_name_valid_variables():
     assert NET.states_of("data") == ("ok", "corrupted", "shifted")
     assert NET.parents_of("learning_rate") == ()
-    assert NET.parents_of("loss_pattern") == ("data", "instability", "learning_rate", "signal_decay")
+    assert NET.parents_of("loss_pattern") == ("data", "instability", "learning_rate", "signal_decay", "unexplained")
     with pytest.raises(KeyError, match="valid: .*learning_rate"):
         NET.states_of("nope")
     with pytest.raises(KeyError):

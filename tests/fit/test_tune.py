@@ -24,7 +24,12 @@ NET = default_network()
 #: root priors that put every abnormal state in reach of a few thousand samples
 WIDE = {"learning_rate": {"ok": .5, "too_high": .25, "too_low": .25},
         "initialization": {"ok": .5, "too_small": .25, "too_large": .25},
-        "data": {"ok": .5, "corrupted": .25, "shifted": .25}, "architecture": {"ok": .5, "unstable": .5}}
+        "data": {"ok": .5, "corrupted": .25, "shifted": .25}, "architecture": {"ok": .5, "unstable": .5},
+        # the loop and leak roots rarely abnormal: the root configurations of the four above keep
+        # enough samples each for the sampling-error bounds below
+        "training_loop": {"ok": .96, "stale_gradients": .01, "params_not_in_optimizer": .01, "graph_detached": .01,
+                          "loss_on_probabilities": .01},
+        "unexplained": {"ok": .98, "not_learning": .02}}
 
 
 def _replace(cpds, name, values):

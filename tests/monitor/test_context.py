@@ -119,8 +119,7 @@ def test_a_part_that_raises_never_stops_training_and_is_counted(registered, capl
 
 def test_only_the_parts_that_do_something_on_a_hook_are_called():
     dbg = NeuralDbg(torch.nn.Linear(2, 2))
-    assert not dbg._parts.wants("optimizer_pre")  # no optimizer: no step-size measurement
-    assert NeuralDbg(torch.nn.Linear(2, 2), optimizer=torch.optim.SGD([torch.zeros(1)], lr=0.1))._parts.wants(
-        "optimizer_pre")
+    assert not dbg._parts.wants("step_started")  # no reference loss: nothing to do as a step starts
+    assert NeuralDbg(torch.nn.Linear(2, 2), reference=lambda m: torch.zeros(()))._parts.wants("step_started")
     with pytest.raises(TypeError, match="must be a neuraldbg.lifecycle.Addon"):
         type(dbg._parts)([object()], dbg._parts.ctx, dbg._safe)

@@ -82,8 +82,12 @@ def test_an_unchecked_step_launches_no_monitor_kernels(monitor):
 
 def test_a_checked_step_measures_with_one_foreach_norm_per_backward():
     extra = extra_ops({"every": 10}, warm=10)  # step 10: checked
-    assert extra["aten._foreach_norm.Scalar"] == 1  # every parameter gradient at once
-    assert "aten.mul.Tensor" not in extra  # no per-parameter squares (the old path)
+    # one for every parameter gradient at once; two for the step-size probe of the optimizer the
+    # monitor found (the weights before the step, the update)
+    assert extra["aten._foreach_norm.Scalar"] == 3
+    # no per-parameter squares of the gradients (the old path): the two multiplications are the
+    # step-size probe's, one per weight/update sum of squares it reduces per layer
+    assert extra.get("aten.mul.Tensor", 0) == extra.get("aten.index_add_.default", 0) == 2
     assert extra.get("aten._local_scalar_dense.default", 0) <= 2  # the CPU input's finiteness check only
 
 

@@ -33,8 +33,7 @@ def test_ambiguous_blow_up_verification_picks_the_right_cause(blind, truth, faul
     _, _, dbg, replay = train(steps=STEPS, priors=blind, **fault)
     before = dbg.posterior()
     # observation alone: the same posterior for either blow-up, the init one not even on top
-    assert before["learning_rate"]["too_high"] == pytest.approx(0.497, abs=0.05)
-    assert before["initialization"]["too_large"] == pytest.approx(0.197, abs=0.05)
+    assert 0.1 < before["initialization"]["too_large"] < before["learning_rate"]["too_high"] < 0.6
     v = dbg.verify(replay)
     top = v.hypotheses[0]
     assert (top.cause, top.state) == truth and top.probability > 0.5, v
@@ -88,7 +87,10 @@ def test_healthy_run_stays_healthy():
 def test_registry_covers_every_abnormal_state_and_rejects_unknown_ones():
     from neuraldbg.vocab import ROOTS
 
-    assert set(INTERVENTIONS) == {(c, s) for c, ss in ROOTS.items() for s in ss if s != "ok"}
+    from neuraldbg.verify.likelihoods import TESTED_LABELS, UNTESTED
+
+    assert {f"{c}/{s}" for c, s in INTERVENTIONS} == set(TESTED_LABELS)
+    assert set(TESTED_LABELS) | set(UNTESTED) == {f"{c}/{s}" for c, ss in ROOTS.items() for s in ss if s != "ok"}
     assert get_intervention("learning_rate", "too_high").from_start is False
     assert get_intervention("initialization", "too_small").from_start is True
     with pytest.raises(ValueError, match="valid: learning_rate/too_high"):

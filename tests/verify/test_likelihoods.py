@@ -19,7 +19,8 @@ NET = default_network()
 
 def test_shipped_file_is_valid_and_hand_set_table_is_diagonal_dominant():
     data = L.load()
-    for test in ABNORMAL_LABELS:
+    assert set(data["hand_set"]) == set(L.TESTED_LABELS) and set(L.TESTED_LABELS) < set(ABNORMAL_LABELS)
+    for test in L.TESTED_LABELS:
         row = data["hand_set"][test]
         # by design the fix of the true cause makes its symptom vanish more often than a
         # healthy run "improves"; fitted tables may say otherwise where the data does (a x10
@@ -33,13 +34,15 @@ def test_shipped_file_is_valid_and_hand_set_table_is_diagonal_dominant():
 def test_likelihood_rule_single_multiple_and_healthy():
     table = L.load()["hand_set"]
     p = L.likelihood(table, "learning_rate/too_high", "vanished")
-    cards = (2, 3, 3, 3)  # architecture, data, initialization, learning_rate (sorted roots)
-    idx = lambda a=0, d=0, i=0, lr=0: int(np.ravel_multi_index((a, d, i, lr), cards))  # noqa: E731
+    # architecture, data, initialization, learning_rate, training_loop, unexplained (sorted roots)
+    cards = (2, 3, 3, 3, 5, 2)
+    idx = lambda a=0, d=0, i=0, lr=0, tl=0, u=0: int(np.ravel_multi_index((a, d, i, lr, tl, u), cards))  # noqa: E731
     row = table["learning_rate/too_high"]
     assert p[idx()] == row[HEALTHY]
     assert p[idx(lr=1)] == row["learning_rate/too_high"]
     assert p[idx(i=2)] == row["initialization/too_large"]
     assert p[idx(lr=1, i=2)] == min(row["learning_rate/too_high"], row["initialization/too_large"])
+    assert p[idx(tl=1)] == row["training_loop/stale_gradients"] and p[idx(u=1)] == row["unexplained/not_learning"]
     q = L.likelihood(table, "learning_rate/too_high", "persisted")
     assert np.allclose(p + q, 1.0)
     with pytest.raises(ValueError, match="valid: persisted, vanished"):

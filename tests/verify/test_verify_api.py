@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
 
 from neuraldbg import NeuralDbg
 from neuraldbg.verify.types import Verification, VerifiedHypothesis
+from neuraldbg.vocab import ROOTS
 from verify_cases import train
 
 
@@ -93,6 +95,6 @@ def test_result_shape():
     top = v.hypotheses[0]
     assert top.verified is True and top.test is not None and "Verified by replay" in str(top)
     assert top.probability_before == pytest.approx(v.posterior_before[top.cause][top.state])
-    assert len(v.root_joint_before) == 54
+    assert len(v.root_joint_before) == math.prod(len(s) for s in ROOTS.values())
     json.dumps(v.to_dict())  # plain data: JSON-ready
     assert "steps replayed" in str(v)

@@ -24,12 +24,21 @@ Cut points (reasoning in ``docs/causal_model.md``):
   median layer every step rewrites a fifth of each weight matrix. Between ``STEP_ELEVATED`` and
   ``STEP_LARGE`` is "elevated": five times the textbook 1e-2, where small models with large
   learning rates still train but a fine-tune forgets and a GAN's players overshoot; weaker
-  evidence, whose weight each family's fitted table decides.
+  evidence, whose weight each family's fitted table decides. Below ``STEP_SMALL`` in every layer
+  (half the slowest healthy run's fastest layer) but above ``STEP_TINY`` is "small": the weights
+  move, too slowly to learn in a short run -- a learning rate 10-100x too low, or a fine-tune at
+  a deliberately small rate (which then learns: ``progress`` tells the two apart).
 * ``INIT_LOG10_CUT`` -- healthy models of both suites sit within 0.05 (log10) of a reference
   scale; ``0.5`` is a factor of 3.2 off *every* reference of the layer, ten times that band.
 * ``ADAPTER_LARGE`` -- LoRA zero-initializes ``B`` so fine-tuning starts at the pre-trained
   function (ratio exactly 0, as in every healthy adapter of both suites); an adapter that starts
   at half the norm of the layer it adapts has replaced a large part of it at step 0.
+* ``TRAINED_START`` -- weights off every reference read as a faulty initialization only when the
+  model is at initialization: with the first loss below half of chance level ``ln K`` the model
+  already knows its task (pre-trained, loaded or resumed: an untrained classifier starts near
+  ``ln K``, a blown-up one far above), and ``init_scale`` is unobserved ("not at initialization").
+  A monitor entered on a resumed run (optimizer state present, or ``at_init=False``) does not
+  measure it at all.
 * ``RETENTION_PARTIAL``/``RETENTION_LOST`` -- a quarter and a half of the margin between the
   reference's starting loss and chance: the zoo's healthy LoRA fine-tunes give up 0.10..0.17
   (15 runs), so "partial" is half again the top of that and "lost" means that half of what
@@ -37,6 +46,8 @@ Cut points (reasoning in ``docs/causal_model.md``):
   a loss that is not a cross-entropy), the margin is the starting loss itself (lost: +50%).
 """
 from __future__ import annotations
+
+import math
 
 from neuraldbg.causal.nodes.run import chance_loss
 from neuraldbg.causal.structure import Reading, Table
@@ -47,12 +58,15 @@ from neuraldbg.trace import Signature
 ORDER = 40
 
 STEP_TINY = 1e-4
+STEP_SMALL = 0.004
 STEP_ELEVATED = 0.05
 STEP_LARGE = 0.2
 INIT_LOG10_CUT = 0.5
 ADAPTER_LARGE = 0.5
 RETENTION_PARTIAL = 0.25
 RETENTION_LOST = 0.5
+#: a first loss below this share of chance level: the model already knows the task (trained)
+TRAINED_START = 0.5
 #: reference values below which retention is not read (the first one and a tail)
 MIN_REFERENCE_POINTS = 3
 
@@ -82,7 +96,8 @@ SIGNATURES = (STEP_RATIO_MEDIAN, STEP_RATIO_MAX, STEP_RATIO_STEPS, INIT_SCALE_LO
 
 
 def step_size_state(median_ratio: float | None, max_ratio: float | None = None) -> str | None:
-    """'normal', 'tiny', 'elevated' or 'large' from the update ratios (``None``: not measured).
+    """'normal', 'tiny', 'small', 'elevated' or 'large' from the update ratios (``None``: not
+    measured).
 
     "Tiny" reads the largest ratio of *any* layer: vanishing gradients shrink the updates of the
     input-side layers under plain SGD, but the output side still moves; a learning rate that
@@ -98,7 +113,7 @@ def step_size_state(median_ratio: float | None, max_ratio: float | None = None) 
         return "large"
     if median_ratio > STEP_ELEVATED:
         return "elevated"
-    return "normal"
+    return "small" if top < STEP_SMALL else "normal"
 
 
 def init_scale_state(log10_factor: float | None) -> str | None:
@@ -141,7 +156,7 @@ def step_size(view: TraceView) -> Reading | None:
     med, top = sigs.number(STEP_RATIO_MEDIAN), sigs.number(STEP_RATIO_MAX)
     state = step_size_state(med, top)
     if state is None:
-        return Reading(None, reason="no optimizer step was measured")
+        return view.unmeasured(STEP_RATIO_MEDIAN, "no optimizer step was measured")
     return Reading(state, (), (f"update/weight ratio {med:.3g} per step (median layer"
                                + (f", {top:.3g} in the fastest layer" if top is not None else "") + f"; {state})"))
 
@@ -156,8 +171,23 @@ def init_scale(view: TraceView) -> Reading | None:
     f = sigs.number(INIT_SCALE_LOG10)
     state = init_scale_state(f)
     if state is None:
-        return Reading(None, reason="no weight matrix was measured on entry")
-    return Reading(state, (), f"weights {10 ** f:.3g}x their reference scale at the first step ({state})")
+        return view.unmeasured(INIT_SCALE_LOG10, "no weight matrix was measured on entry")
+    note = f"weights {10 ** f:.3g}x their reference scale at the first step ({state})"
+    first, chance = _first_loss(view), chance_loss(sigs)
+    if state != "normal" and first is not None and chance is not None and first < TRAINED_START * chance:
+        # weights off every reference while the model already does far better than chance: they
+        # were trained (a pre-trained or resumed model), not initialized
+        return Reading(None, (), note, reason=f"not at initialization: the first loss {first:.3g} is far below "
+                                              f"chance ({chance:.3g}), so the weights were trained, not initialized")
+    return Reading(state, (), note)
+
+
+def _first_loss(view: TraceView) -> float | None:
+    """The loss of the trace's first step, when recorded and finite."""
+    hist = view.trace.loss.history
+    if not hist or hist[0][0] != view.trace.first_step or not math.isfinite(hist[0][1]):
+        return None
+    return hist[0][1]
 
 
 def retention(view: TraceView) -> Reading | None:
@@ -180,17 +210,17 @@ def retention(view: TraceView) -> Reading | None:
 
 NODES = (
     Table(
-        "step_size", ("normal", "tiny", "large", "elevated"), parents=("initialization", "learning_rate"),
+        "step_size", ("normal", "tiny", "large", "elevated", "small"), parents=("initialization", "learning_rate"),
         rows=(
-            ({"learning_rate": "too_high"}, (0.08, 0.01, 0.75, 0.16)),
-            ({"learning_rate": "too_low"}, (0.08, 0.90, 0.01, 0.01)),
-            ({"initialization": "too_small"}, (0.35, 0.05, 0.40, 0.20)),
-            ({"initialization": "too_large"}, (0.45, 0.45, 0.05, 0.05)),
-            ({}, (0.85, 0.015, 0.015, 0.12)),
+            ({"learning_rate": "too_high"}, (0.075, 0.01, 0.75, 0.16, 0.005)),
+            ({"learning_rate": "too_low"}, (0.08, 0.60, 0.01, 0.01, 0.30)),
+            ({"initialization": "too_small"}, (0.35, 0.05, 0.40, 0.19, 0.01)),
+            ({"initialization": "too_large"}, (0.40, 0.40, 0.05, 0.05, 0.10)),
+            ({}, (0.80, 0.015, 0.015, 0.12, 0.05)),
         ),
         why="The update-to-weight ratio ||w_after - w_before|| / ||w_before|| per layer at its "
             "peak over the run (median over layers): the step size the optimizer actually took. "
-            "A healthy run peaks around 1e-4..1e-2 per step. Its only parents are the learning "
+            "A healthy run takes 0.005..0.1 per step. Its only parents are the learning "
             "rate and the weight scale it is relative to: an adaptive optimizer takes steps of "
             "about lr whatever the weights, so tiny weights read as large steps and huge "
             "weights as tiny ones; the initialization signature tells those apart.",

@@ -48,7 +48,7 @@ def data_nan(view: TraceView) -> Reading | None:
     """First NaN/Inf: at the input, or born inside (after instability, or out of a calm run)."""
     nan = view.of_kind(DATA, "nan", "inf")
     if not nan:
-        return Reading("absent") if view.watched else Reading(None, reason="no layer was monitored")
+        return Reading("absent") if view.watched else view.unwatched("no layer was monitored")
     first = view.first(nan)
     at_input = first.measured.get("at_input")
     inside = (at_input == 0.0) if at_input is not None else (view.trace.layer_index(first.layer) not in (0, None))
@@ -74,7 +74,7 @@ def data_shift(view: TraceView) -> Reading | None:
         return Reading("input" if at_input else "inside", tuple(shift),
                        f"input distribution shift at {first.layer}, step {first.step}")
     if not view.watched:
-        return Reading(None, reason="no layer was monitored")
+        return view.unwatched("no layer was monitored")
     token_input = min(trace.layers, key=lambda li: li.index).type in TOKEN_INPUT_TYPES
     if token_input and not (view.signatures.number(TOKEN_WATCHED) or 0) > 0:
         return Reading(None, reason="token ids are read by their histogram, whose reference was not built yet")

@@ -23,6 +23,7 @@ NODES = (
             "data=shifted": {"training": 0.55},
             "data=corrupted": {"training": 0.10},
             "architecture=unstable": {"training": 0.25, "init": 0.08},
+            "training_loop=stale_gradients": {"training": 0.6},
         },
         why="Numerical blow-up. 'init': present from the first step, before any update could "
             "cause it (only weights, inputs and depth act then). 'training': appears after "

@@ -52,7 +52,7 @@ def exploding(view: TraceView) -> Reading | None:
     expl = view.of_kind(GRADIENT, "exploding")
     if expl:
         return _onset(view, expl, lambda f: f"first exploding gradients in {f.layer} at step {f.step}")
-    return Reading("absent") if view.grad_layers else Reading(None, reason=NO_GRADIENT_LAYER)
+    return Reading("absent") if view.grad_layers else view.unwatched(NO_GRADIENT_LAYER, gradients=True)
 
 
 def vanishing_signal(van: list[Event], view: TraceView) -> str | tuple[str, ...]:
@@ -74,7 +74,7 @@ def vanishing(view: TraceView) -> Reading | None:
 
     van = view.of_kind(GRADIENT, "vanishing")
     if not van:
-        return Reading("absent") if view.grad_layers else Reading(None, reason=NO_GRADIENT_LAYER)
+        return Reading("absent") if view.grad_layers else view.unwatched(NO_GRADIENT_LAYER, gradients=True)
     first = view.first(van)
     state = vanishing_signal(van, view) if view.is_init(first.step) else "later"
     note = f"first vanishing gradients in {first.layer} at step {first.step} ({state})"
@@ -91,7 +91,7 @@ def saturation(view: TraceView) -> Reading | None:
     if not sat:
         if view.watched and view.layer_types & BOUNDED_TYPES:
             return Reading("absent")
-        return Reading(None, reason="no bounded activation module (sigmoid, tanh, softmax...) is monitored")
+        return view.unwatched("no bounded activation module (sigmoid, tanh, softmax...) is monitored")
     van = view.of_kind(GRADIENT, "vanishing")
     first = view.first(sat)
 
@@ -117,7 +117,7 @@ def dead(view: TraceView) -> Reading | None:
         return _onset(view, ev, lambda f: f"dead units first in {f.layer} at step {f.step}")
     if view.watched and view.layer_types & RELU_TYPES:
         return Reading("absent")
-    return Reading(None, reason="no ReLU module is monitored")
+    return view.unwatched("no ReLU module is monitored")
 
 
 NODES = (

@@ -18,13 +18,19 @@ Cut points (reasoning in ``docs/causal_model.md``):
   above where it settles.
 * ``GAME_BAND`` -- GAN and RL losses swing with the game; a loss this many times its start (the
   median of the first ``LOSS_HEAD`` of the run) is a blow-up.
+* ``STALLED`` -- ``progress`` is "stalled" when the median of the last ``PROGRESS_TAIL`` of the
+  run is at or above this share of its reference: chance level ``ln K`` when ``K`` is known
+  (however the run started), else the median of its own first ``LOSS_HEAD`` -- unobserved then
+  for a run that did not start at initialization (it has little left to gain). Within
+  10 % of chance a run has not learned, whatever else it shows; healthy runs of both suites end
+  at 0.002..0.74 of their reference (a fine-tune of GPT-2 the highest).
 """
 from __future__ import annotations
 
 import math
 from typing import Sequence
 
-from neuraldbg.causal.nodes.run import chance_loss
+from neuraldbg.causal.nodes.run import STARTED_TRAINED, chance_loss
 from neuraldbg.causal.structure import NoisyMax, Reading, Table
 from neuraldbg.causal.view import TraceView
 from neuraldbg.events.base import GRADIENT, OPTIMIZER, Event
@@ -44,6 +50,8 @@ START_CHANCE_FACTOR = 4.0
 GAME_BAND = 50.0
 LOSS_HEAD = 0.1
 MIN_RISE_POINTS = 10
+STALLED = 0.9
+PROGRESS_TAIL = 0.2
 
 #: loss-pattern states that say "no instability" (a partial observation when progress is unknowable)
 CALM_LOSS = ("decreasing", "slow", "flat")
@@ -154,6 +162,43 @@ def loss_start(view: TraceView) -> Reading | None:
     return Reading(state, (), f"first loss {head:.3g} is {ratio:.3g}x the later median {ref:.3g}")
 
 
+def progress_ratio(values: Sequence[float], chance: float | None) -> tuple[float, float, str] | None:
+    """``(tail / reference, reference, what the reference is)`` of a loss curve (finite values):
+    the reference is chance level when known, else the curve's own start; ``None`` when it
+    cannot be read (too short, a reference that is not positive). Pure."""
+    n = len(values)
+    if n < MIN_LOSS_POINTS:
+        return None
+    tail = median(values[n - max(3, int(n * PROGRESS_TAIL)):])
+    if chance is not None:
+        # against chance whatever the start: a run that started trained and still sits far
+        # below chance has learned, one that ends near chance has not, however it began
+        ref, what = chance, "chance level"
+    else:
+        ref, what = median(values[:max(3, int(n * LOSS_HEAD))]), "its start"
+    return (tail / ref, ref, what) if ref > 0 else None
+
+
+def progress(view: TraceView) -> Reading | None:
+    """Whether the run learns: its loss against chance level, or against its own start."""
+    trace = view.trace
+    if has_trait(trace.family, "non_monotone"):
+        return Reading(None, reason=f"a {trace.family} loss is a game: how far it fell says nothing of learning")
+    vals = [v for _, v in trace.loss.history if math.isfinite(v)]
+    chance = chance_loss(view.signatures)
+    trained = view.signatures.value(STARTED_TRAINED)
+    if chance is None and trained:
+        # a resumed or pre-trained run has little left to gain: a flat loss is no stall
+        return Reading(None, reason=f"no chance level to read the loss against, and the run did not start at "
+                                    f"initialization ({trained})")
+    got = progress_ratio(vals, chance)
+    if got is None:
+        return Reading(None, reason=f"fewer than {MIN_LOSS_POINTS} finite losses, or no positive reference")
+    ratio, ref, what = got
+    state = "stalled" if ratio >= STALLED else "learning"
+    return Reading(state, (), f"the loss ends at {ratio:.2f}x {what} ({ref:.3g}) after {trace.loss.n} steps")
+
+
 def order(view: TraceView) -> Reading | None:
     """Which came first, exploding gradients or loss instability (observed when both occurred)."""
     events, trace = view.events, view.trace
@@ -184,6 +229,7 @@ NODES = (
                                  "flat": 0.10, "slow": 0.10},
             "data=corrupted": {"nonfinite": 0.70, "spike": 0.10, "divergence": 0.05},
             "data=shifted": {"spike": 0.40},
+            "unexplained=not_learning": {"flat": 0.5, "slow": 0.3},
         },
         why="The loss curve, as one variable so spike/divergence/NaN loss are one observation. "
             "States are ordered by precedence: the worst pattern seen is the one observed.",
@@ -213,5 +259,27 @@ NODES = (
             "(unobserved otherwise): updates that are too large grow the gradients before the "
             "loss blows up; a bad batch hits loss and gradients at the same step.",
         extract=order,
+    ),
+    NoisyMax(
+        "progress", ("learning", "stalled"),
+        leak={"stalled": 0.01},
+        effects={
+            "unexplained=not_learning": {"stalled": 0.97},
+            "learning_rate=too_low": {"stalled": 0.85},
+            "signal_decay=depth": {"stalled": 0.7},
+            "signal_decay=uniform": {"stalled": 0.8},
+            "instability=training": {"stalled": 0.4},
+            "instability=init": {"stalled": 0.5},
+            "training_loop=stale_gradients": {"stalled": 0.4},
+            "training_loop=params_not_in_optimizer": {"stalled": 0.5},
+            "training_loop=graph_detached": {"stalled": 0.5},
+            "training_loop=loss_on_probabilities": {"stalled": 0.5},
+            "data=corrupted": {"stalled": 0.2},
+            "data=shifted": {"stalled": 0.2},
+        },
+        why="Whether the run learns at all: its loss at the end within 10 % of chance level (or of its own "
+            "start). A healthy run learns, so the leak is small; a run that does not learn while no modeled "
+            "cause explains it is the 'unexplained' leak root's (not_learning).",
+        extract=progress,
     ),
 )

@@ -20,8 +20,28 @@ LR_PEAK = Signature("lr_peak", "number", "run", "max", "the largest learning rat
 OUT_FEATURES = Signature("out_features", "integer", "entry", "lead",
                          "out_features of the last linear layer in forward order: the model's output size", lo=1)
 MERGED_RANKS = Signature("merged_ranks", "integers", "run", "lead", "the ranks a merged trace was made of")
+UNSUPPORTED_PARAMS = Signature("unsupported_params", "integer", "entry", "max",
+                               "parameters of a tensor type the monitor does not measure (a tensor subclass)", lo=0)
+UNSUPPORTED_TYPE = Signature("unsupported_type", "text", "entry", "lead", "the type names of those parameters")
+STATS_STEPS = Signature("stats_steps", "integer", "run", "min",
+                        "checked steps whose layer statistics reached the detectors", lo=0)
+GRAD_STEPS = Signature("grad_steps", "integer", "run", "min",
+                       "checked steps on which parameter gradients were measured", lo=0)
+STARTED_TRAINED = Signature("started_trained", "text", "entry", "lead",
+                            "why the monitor holds that the run did not start at initialization (resumed, loaded "
+                            "or pre-trained weights)")
 
-SIGNATURES = (EVERY, OPTIMIZER, LR, LR_PEAK, OUT_FEATURES, MERGED_RANKS)
+SIGNATURES = (EVERY, OPTIMIZER, LR, LR_PEAK, OUT_FEATURES, MERGED_RANKS, UNSUPPORTED_PARAMS, UNSUPPORTED_TYPE,
+              STATS_STEPS, GRAD_STEPS, STARTED_TRAINED)
+
+
+def unsupported(signatures: Signatures) -> str | None:
+    """Why some parameters were not measured (their tensor type), or ``None`` when all were."""
+    n = signatures.number(UNSUPPORTED_PARAMS)
+    if not n:
+        return None
+    return f"{int(n)} parameters are {signatures.value(UNSUPPORTED_TYPE) or 'tensor-subclass'} tensors, a type the " \
+           "monitor does not measure"
 
 
 def chance_loss(signatures: Signatures) -> float | None:

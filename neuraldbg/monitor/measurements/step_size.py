@@ -87,11 +87,6 @@ class StepSize(Measurement):
         """Optimizer steps measured so far."""
         return len(self._values)
 
-    @classmethod
-    def for_monitor(cls, root: Any, settings: Any) -> "StepSize | None":
-        """Measured around the steps of the monitor's optimizer (none: not measured)."""
-        return cls() if settings.optimizer is not None else None
-
     def enter(self, ctx: AddonContext) -> None:
         """The weight matrices to measure, from the census taken on entry."""
         self.owner = probed_weights(ctx.census)
@@ -103,7 +98,10 @@ class StepSize(Measurement):
         return max(lrs) if lrs else None
 
     def optimizer_pre(self, ctx: AddonContext, optimizer: Any, checked: bool) -> None:
-        """Copy the measured weights before a checked step's update."""
+        """Copy the measured weights before a checked step's update (the primary optimizer's:
+        the one given, or every one found when none was given)."""
+        if not ctx.is_primary(optimizer):
+            return
         self._before = None
         if not checked or not self.owner:
             return
@@ -127,6 +125,8 @@ class StepSize(Measurement):
 
     def optimizer_post(self, ctx: AddonContext, optimizer: Any, checked: bool) -> None:
         """Per-layer ratios of the update just made, reduced on the device."""
+        if not ctx.is_primary(optimizer):
+            return
         before, self._before = self._before, None
         if before is None:
             return
@@ -159,6 +159,14 @@ class StepSize(Measurement):
                 vals.sort()
                 out[sig] = vals[len(vals) // 2]
         return out
+
+    def gaps(self) -> dict[Any, str]:
+        """Why nothing was measured: no optimizer stepped the model, or no weight matrix to measure."""
+        if self._values:
+            return {}
+        why = ("no optimizer stepped the model's parameters on a checked step" if self.owner
+               else "the model has no weight matrix to measure the step size on")
+        return {sig: why for sig in (STEP_RATIO_MEDIAN, STEP_RATIO_MAX, STEP_RATIO_STEPS)}
 
     def steps(self) -> dict[Any, int]:
         """The window's values are known from its last measured step on (a timeline cut before

@@ -16,8 +16,10 @@ import torch
 from torch import nn
 
 from neuraldbg.causal.nodes.causes import ADAPTER_N, ADAPTER_RATIO, INIT_SCALE_LOG10, INIT_SCALE_N
+from neuraldbg.causal.nodes.run import STARTED_TRAINED
 from neuraldbg.lifecycle import AddonContext, Measurement
 from neuraldbg.monitor.measurements import register_measurement
+from neuraldbg.monitor.stats import is_plain
 
 #: the std of transformer libraries' ``initializer_range`` convention (GPT-2, BERT, ViT, Llama)
 TRANSFORMER_STD = 0.02
@@ -68,7 +70,7 @@ def weight_census(modules: Iterable[tuple[str, nn.Module]]) -> Census:
     the modules own, with all norms in one host transfer: what both the initial-scale
     signature and the step-size probe start from, measured once before training."""
     cands = [(name, mod, p) for name, mod in modules for p in mod.parameters(recurse=False)
-             if p.dim() >= 2 and p.numel() > 0 and p.is_floating_point() and not p.is_sparse]
+             if p.dim() >= 2 and p.numel() > 0 and p.is_floating_point() and not p.is_sparse and is_plain(p)]
     if not cands:
         return []
     with torch.no_grad():
@@ -110,7 +112,8 @@ def low_rank_adapters(root: nn.Module) -> list[tuple[str, torch.Tensor, torch.Te
     for name, mod in reversed(list(root.named_modules())):  # descendants before ancestors
         frozen, trainable = [], []
         for pname, p in mod.named_parameters():
-            if pname.count(".") > ADAPTER_DEPTH or p.dim() != 2 or not p.is_floating_point() or id(p) in used:
+            if pname.count(".") > ADAPTER_DEPTH or p.dim() != 2 or not p.is_floating_point() or id(p) in used \
+                    or not is_plain(p):
                 continue
             (trainable if p.requires_grad else frozen).append(p)
         for w in frozen:
@@ -145,39 +148,91 @@ def adapter_scale(root: nn.Module) -> tuple[float | None, int]:
     return (ratios[len(ratios) // 2], len(adapters)) if ratios else (None, len(adapters))
 
 
-@register_measurement
-class InitScale(Measurement):
-    """``init_scale_log10`` (the median over weight matrices of ``log10(rms / nearest reference)``)
-    and ``init_scale_n``, from the census taken on entry."""
+class _EntryWeights(Measurement):
+    """A measurement of the weights as training finds them, valid only at initialization.
 
-    signatures = (INIT_SCALE_LOG10, INIT_SCALE_N)
+    A monitor entered on weights that are not at initialization -- ``at_init=False`` (a resume
+    the callbacks report, a loaded or pre-trained model), or an optimizer that already holds state
+    before its first step under the monitor (a resumed run) -- measures nothing here: the trained
+    weights are no evidence about the initialization (``docs/api.md``, "Coverage").
+    """
 
     def __init__(self) -> None:
         self.value: tuple[float | None, int] = (None, 0)
+        self.not_at_init: str | None = None
+        self._seen: set[int] = set()
 
     def enter(self, ctx: AddonContext) -> None:
-        """Measure the weights before the first update."""
-        self.value = init_scale(ctx.modules, config_init_range(ctx.root), census=ctx.census)
+        """Measure now, unless the run is known not to start at initialization."""
+        if ctx.settings.at_init is False:
+            self.not_at_init = "not at initialization (at_init=False: resumed, loaded or pre-trained weights)"
+        elif ctx.optimizer is not None and _has_state(ctx.optimizer):
+            self.not_at_init = "not at initialization: the optimizer already held state on entry (a resumed run)"
+        else:
+            self.value = self.measure(ctx)
 
-    def summary(self) -> dict[Any, Any]:
-        """The factor and the count, when any weight matrix was measured."""
-        f, n = self.value
-        return {} if f is None else {INIT_SCALE_LOG10: f, INIT_SCALE_N: n}
+    def measure(self, ctx: AddonContext) -> tuple[float | None, int]:  # pragma: no cover - abstract
+        """The value and the count, from the weights on entry."""
+        raise NotImplementedError
+
+    def optimizer_pre(self, ctx: AddonContext, optimizer: Any, checked: bool) -> None:
+        """An optimizer found later that already holds state before its first step: resumed."""
+        if id(optimizer) in self._seen:
+            return
+        self._seen.add(id(optimizer))
+        if ctx.settings.at_init is None and self.not_at_init is None and _has_state(optimizer):
+            self.not_at_init = (f"not at initialization: {type(optimizer).__name__} already held state before its "
+                                "first step (a resumed run)")
+            self.value = (None, 0)
+
+    def gaps(self) -> dict[Any, str]:
+        """Every signature unmeasured, when the run did not start at initialization."""
+        return {sig: self.not_at_init for sig in self.signatures} if self.not_at_init else {}
+
+
+def _has_state(optimizer: Any) -> bool:
+    """Whether ``optimizer`` holds per-parameter state (moments, momentum): it has stepped before."""
+    try:
+        return any(bool(s) for s in getattr(optimizer, "state", {}).values())
+    except Exception:  # noqa: BLE001 - an optimizer-like object without a state dict
+        return False
 
 
 @register_measurement
-class AdapterScale(Measurement):
+class InitScale(_EntryWeights):
+    """``init_scale_log10`` (the median over weight matrices of ``log10(rms / nearest reference)``)
+    and ``init_scale_n``, from the census taken on entry."""
+
+    signatures = (INIT_SCALE_LOG10, INIT_SCALE_N, STARTED_TRAINED)
+
+    def measure(self, ctx: AddonContext) -> tuple[float | None, int]:
+        """The median factor over the census' weight matrices."""
+        return init_scale(ctx.modules, config_init_range(ctx.root), census=ctx.census)
+
+    def summary(self) -> dict[Any, Any]:
+        """The factor and the count, when any weight matrix was measured; why the run did not
+        start at initialization, when it did not (one part says it for every reader)."""
+        f, n = self.value
+        out: dict[Any, Any] = {} if f is None else {INIT_SCALE_LOG10: f, INIT_SCALE_N: n}
+        if self.not_at_init:
+            out[STARTED_TRAINED] = self.not_at_init
+        return out
+
+    def gaps(self) -> dict[Any, str]:
+        """The scale unmeasured when the run did not start at initialization."""
+        return {sig: self.not_at_init for sig in (INIT_SCALE_LOG10, INIT_SCALE_N)} if self.not_at_init else {}
+
+
+@register_measurement
+class AdapterScale(_EntryWeights):
     """``adapter_ratio`` (median over low-rank adapters of ``||B A|| / ||W||`` on entry) and
     ``adapter_n``."""
 
     signatures = (ADAPTER_RATIO, ADAPTER_N)
 
-    def __init__(self) -> None:
-        self.value: tuple[float | None, int] = (None, 0)
-
-    def enter(self, ctx: AddonContext) -> None:
-        """Find the adapters and measure their starting size."""
-        self.value = adapter_scale(ctx.root)
+    def measure(self, ctx: AddonContext) -> tuple[float | None, int]:
+        """The adapters' starting size."""
+        return adapter_scale(ctx.root)
 
     def summary(self) -> dict[Any, Any]:
         """The ratio and the count, when the model has adapters."""

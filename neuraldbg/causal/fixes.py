@@ -1,0 +1,122 @@
+"""The sentences of a diagnosis: what a hypothesis says, how to fix it, what was not observed.
+
+Pure functions of the trace and its evidence, kept apart from the ranking
+(:mod:`.hypotheses`), so the wording of every state lives in one place.
+"""
+from __future__ import annotations
+
+import math
+
+from neuraldbg.causal.compiled import CompiledNetwork
+from neuraldbg.causal.evidence import Evidence
+from neuraldbg.causal.nodes.causes import retention_not_kept
+from neuraldbg.causal.nodes.loop import ORPHAN_PARAMS
+from neuraldbg.causal.nodes.run import LR, LR_PEAK
+from neuraldbg.trace import Trace
+
+#: an unobserved variable is worth naming in a hypothesis when, had it been observed, its
+#: likelihood under the hypothesis would differ from a healthy run's by this much (total variation)
+RELEVANT_TV = 0.3
+
+
+def describe(cause: str, state: str, p: float, failure_type: str, layer: str | None, step: int | None,
+             rank: int | None = None) -> str:
+    """One sentence naming cause, state, probability, failure type, layer, step (and rank)."""
+    what = failure_type.replace("_", " ")
+    where = f"layer `{layer}`" if layer is not None else "the loss (no layer event)"
+    when = f"step {step}" if step is not None else "an unknown step"
+    on = f" on rank {rank}" if rank is not None else ""
+    return f"{cause} is {state.replace('_', ' ')} (p={p:.2f}): {what} first seen in {where} at {when}{on}."
+
+
+def _lr_text(trace: Trace) -> str:
+    peak = trace.signatures.number(LR_PEAK)
+    if peak is not None:  # the schedule's peak: at the end of a decay the rate reads ~0
+        return f" (peak {peak:g})"
+    lrs = trace.signatures.value(LR)
+    if isinstance(lrs, (list, tuple)) and lrs:
+        try:
+            vals = sorted({float(x) for x in lrs if math.isfinite(float(x))})
+        except (TypeError, ValueError):
+            return ""
+        if vals:
+            return f" (currently {', '.join(f'{v:g}' for v in vals)})"
+    return ""
+
+
+def suggested_fix(trace: Trace, ev: Evidence, cause: str, state: str, layer: str | None, step: int | None) -> str:
+    """One specific sentence: what to change, where and when."""
+    at = f"`{layer}`" if layer else "the first layer"
+    when = f" at step {step}" if step is not None else ""
+    if (cause, state) == ("learning_rate", "too_high"):
+        if layer is None and step is None and retention_not_kept(ev.observed.get("retention")):
+            return (f"Lower the learning rate about 10x{_lr_text(trace)} (or train fewer steps): the updates "
+                    "overwrite what the model knew while the training loss still falls.")
+        return (f"Lower the learning rate about 10x{_lr_text(trace)} or add warm-up and gradient "
+                f"clipping; the blow-up starts{when} in {at}.")
+    if (cause, state) == ("learning_rate", "too_low"):
+        return (f"Raise the learning rate about 10x{_lr_text(trace)} (or run a learning-rate range "
+                "test); the loss barely moves.")
+    if (cause, state) == ("initialization", "too_small"):
+        return (f"Re-initialize {at} and the layers after it with Kaiming (ReLU) or Xavier "
+                "(tanh/sigmoid) initialization at the default scale.")
+    if (cause, state) == ("initialization", "too_large"):
+        return (f"Re-initialize {at} with Kaiming/Xavier at the default scale; the oversized "
+                "weights blow up the forward pass from the first step.")
+    if (cause, state) == ("data", "corrupted"):
+        return (f"Drop or repair the NaN/Inf batch{when} (filter non-finite samples in the data "
+                f"pipeline or apply torch.nan_to_num) before it reaches {at}.")
+    if (cause, state) == ("data", "shifted"):
+        return (f"Normalize inputs with fixed training-set statistics before {at}; their scale "
+                f"or distribution changed{when}.")
+    if cause == "training_loop":
+        return _loop_fix(trace, state, at)
+    if (cause, state) == ("unexplained", "not_learning"):
+        return ("No modeled cause explains the stall: check that the model can express the task (a width-1 "
+                "bottleneck, a wrong output size) and that the loss matches the targets (a regression loss on "
+                "class ids, misaligned targets).")
+    # architecture / unstable: tailor the remedy to what the structure shows
+    types = {li.type for li in trace.layers}
+    risk = ev.observed.get("depth_risk")
+    if types & {"RNN", "LSTM", "GRU", "RNNCell", "LSTMCell", "GRUCell"} or trace.family == "rnn":
+        return (f"Clip gradients and prefer gated cells (LSTM/GRU) or shorter unrolls for {at}; "
+                "the recurrence is the unstable part.")
+    if trace.family == "gnn":
+        return f"Use fewer message-passing layers or add residual/normalization around {at} to stop oversmoothing."
+    if risk == "deep_saturating" or ev.observed.get("saturation") not in (None, "absent"):
+        return (f"Add normalization/residual connections or swap sigmoid/tanh for ReLU/GELU in the "
+                f"stack starting at {at}.")
+    return f"Add normalization/residual connections (or reduce depth) around {at}."
+
+
+
+
+def _loop_fix(trace: Trace, state: str, at: str) -> str:
+    if state == "stale_gradients":
+        return ("Call `optimizer.zero_grad()` once per optimizer step (before `loss.backward()`, or right after "
+                "`optimizer.step()`): the gradients pile up across steps, so every update adds all past ones.")
+    if state == "params_not_in_optimizer":
+        n = trace.signatures.number(ORPHAN_PARAMS)
+        many = f"{int(n)} parameters" if n else "parameters"
+        return (f"Build the optimizer after the model is final, or add the missing parameters with "
+                f"`optimizer.add_param_group(...)`: {many}, first in {at}, get gradients but are never updated.")
+    if state == "graph_detached":
+        return (f"Remove the `torch.no_grad()` or `.detach()` that cuts {at} from the loss: its parameters are "
+                "optimized but never receive a gradient.")
+    return ("Drop the final softmax: `CrossEntropyLoss` applies log-softmax itself (or keep the probabilities "
+            "and use `NLLLoss` on their log); on probabilities the loss cannot go below ln(1 + (K - 1)/e).")
+
+
+def unobserved_note(net: CompiledNetwork, ev: Evidence, cause: str, state: str) -> str:
+    """`` Not observed: ...`` naming the unobserved variables that would bear on ``cause = state``
+    (their reading would have moved it), with the reason; empty when none."""
+    if cause not in net.root_cards_by_name:
+        return ""
+    names = []
+    for var, reason in ev.gaps.items():
+        m = net.root_likelihood[var]
+        ok, bad = m[net.root_joint_index({})], m[net.root_joint_index({cause: state})]
+        tv = 0.5 * float(abs(ok / max(ok.sum(), 1e-300) - bad / max(bad.sum(), 1e-300)).sum())
+        if tv >= RELEVANT_TV:
+            names.append(f"{var.replace('_', ' ')} ({reason})")
+    return f" Not observed: {'; '.join(names[:3])}." if names else ""
