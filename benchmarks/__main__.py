@@ -23,9 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    from benchmarks.executors import ExecutorError
+
     try:
         return commands[args.command][0].main(args)
-    except (ValueError, FileNotFoundError) as exc:  # bad arguments or folder: a message, not a trace
+    except (ValueError, FileNotFoundError, ExecutorError) as exc:  # bad arguments, folder or executor: a message
         if args.verbose:
             raise
         parser.exit(2, f"python -m benchmarks {args.command}: error: {exc}\n")

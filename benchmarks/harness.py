@@ -1,12 +1,14 @@
 """The benchmark harness: run a suite with injected failures and record what NeuralDBG concluded.
 
 ``python -m benchmarks run [--suite zoo|ecosystem] [--quick] [--arch NAME ...] [--injection NAME ...]
-[--seeds N] [--workers N] [--verify [--verify-steps N] [--verify-top K]] [--out DIR]``
+[--seeds N] [--executor pool|ray|inline] [--address ADDR] [--workers N] [--verify [--verify-steps N]
+[--verify-top K]] [--out DIR]``
 
 Every run is one ``(architecture, injection, seed)`` of a suite (:mod:`benchmarks.suites`:
 the zoo by default, ``--suite ecosystem`` for the ecosystem models).
 
-A worker process (one torch thread) trains a run with the monitor on, asks the causal engine
+A worker (one torch thread: a process of a local pool by default, a Ray task with
+``--executor ray``, see :mod:`benchmarks.executors`) trains a run with the monitor on, asks the causal engine
 for its posterior and hypotheses, exports the session to ``DIR/sessions/<key>.json`` (so
 priors can be refitted without retraining), scores the rule baselines on that same exported
 trace, and trains the same run again without the monitor for ``seconds_bare`` (healthy runs of
@@ -32,31 +34,30 @@ import argparse
 import dataclasses
 import json
 import logging
-import multiprocessing as mp
 import os
 import platform
 import sys
+import tempfile
 import time
 import traceback
 import zlib
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
 
+from benchmarks.executors import DEFAULT_EXECUTOR, EXECUTORS, Executor, make_executor, usable_cores
 from benchmarks.records import (API_COLUMNS, RECORD_COLUMNS, collect, empty_record, family_of, fill_monitor, fill_run,
                                 fill_truth, fill_verification, load_records, read_record, record_path, write_record)
 from benchmarks.suites import (DEFAULT_BARE_SEEDS, DEFAULT_SEEDS, DEFAULT_SUITE, HEALTHY_PER_SEED, QUICK_BARE_SEEDS,
                                QUICK_HEALTHY_SEEDS, QUICK_SEEDS, SUITES, RunSpec, get_suite, plan, suite_plan)
-from neuraldbg.jsonio import write_json_atomic
+from neuraldbg.jsonio import write_json_atomic, write_text_atomic
 
 log = logging.getLogger("neuraldbg")
 
 __all__ = [
     "API_COLUMNS", "DEFAULT_SUITE", "RECORD_COLUMNS", "SUITES", "RunSpec", "collect", "get_suite",
-    "load_records", "main", "plan", "run_one", "run_suite", "suite_plan",
+    "load_records", "main", "plan", "run_detached", "run_one", "run_suite", "store_run", "suite_plan",
 ]
 
 
@@ -116,7 +117,43 @@ def run_one(spec: RunSpec, out: str | os.PathLike, zoo: Any = None) -> dict[str,
     ``zoo`` is the suite object (default: the one ``spec.suite`` names). Never raises for a
     failing run: the exception is recorded in ``error``.
     """
-    out = Path(out)
+    rec = _run_pair(spec, Path(out), zoo)
+    write_record(out, rec)
+    return rec
+
+
+def run_detached(spec: RunSpec) -> tuple[dict[str, Any], str | None]:
+    """:func:`run_one` in a scratch folder: the record and the exported session's text (``None``
+    when the run failed before exporting it), for a driver to write with :func:`store_run`.
+
+    What a Ray task runs (:mod:`benchmarks.executors`): the worker needs no access to ``DIR``.
+    """
+    with tempfile.TemporaryDirectory(prefix="neuraldbg-bench-") as tmp:
+        rec = _run_pair(spec, Path(tmp), None)
+        path = Path(tmp) / rec["session"] if rec.get("session") else None
+        session = path.read_text() if path is not None and path.is_file() else None
+    return rec, session
+
+
+def store_run(out: str | os.PathLike, rec: dict[str, Any], session: str | None) -> None:
+    """Write a detached run's session (at the record's ``session`` path under ``out``) and record,
+    the files :func:`run_one` leaves."""
+    if session is not None and rec.get("session"):
+        write_text_atomic(Path(out) / rec["session"], session)
+    write_record(out, rec)
+
+
+def failed_record(out: str | os.PathLike, spec: RunSpec, exc: BaseException) -> dict[str, Any]:
+    """Record (and write) a run whose worker died before returning a record of its own."""
+    rec = _empty_record(spec)
+    rec["error"] = f"{type(exc).__name__}: {exc}"
+    log.warning("benchmark run %s failed: %s", spec.key, rec["error"])
+    write_record(out, rec)
+    return rec
+
+
+def _run_pair(spec: RunSpec, out: Path, zoo: Any) -> dict[str, Any]:
+    """The body of :func:`run_one`: the record, with the session exported under ``out``."""
     t_start = time.perf_counter()
     rec = _empty_record(spec)
     try:
@@ -157,14 +194,13 @@ def run_one(spec: RunSpec, out: str | os.PathLike, zoo: Any = None) -> dict[str,
         log.debug("%s", rec["traceback"])
     rec["harness_seconds"] = time.perf_counter() - t_start
     rec["error"] = rec["error"] or ""
-    write_record(out, rec)
     return rec
 
 
 # --------------------------------------------------------------------------- the suite
 
-def _init_worker() -> None:
-    """One torch thread per worker: the pool, not intra-op threads, uses the cores."""
+def init_worker() -> None:
+    """One torch thread per worker: the pool (or Ray), not intra-op threads, uses the cores."""
     import torch
 
     torch.set_num_threads(1)
@@ -196,31 +232,31 @@ def _done_keys(out: Path, specs: Sequence[RunSpec], retry_errors: bool) -> set[s
 
 
 def run_suite(specs: Sequence[RunSpec], out: str | os.PathLike, workers: int | None = None,
-              retry_errors: bool = True, progress: bool = True) -> pd.DataFrame:
+              retry_errors: bool = True, progress: bool = True, executor: str | Executor = DEFAULT_EXECUTOR,
+              address: str | None = None) -> pd.DataFrame:
     """Run every spec not already recorded in ``out`` and return all records of ``out``.
 
-    ``workers=0`` runs in this process (debugging); otherwise a process pool (forkserver where
-    available, else spawn) with one torch thread per worker.
+    ``executor`` (:mod:`benchmarks.executors`): ``"pool"``, a local process pool (forkserver
+    where available, else spawn) of ``workers`` processes (default: the usable cores; ``0``
+    runs in this process) with one torch thread each; ``"ray"``, Ray tasks of one CPU on a local
+    Ray or the cluster at ``address``; ``"inline"``, this process. Every one leaves the same
+    records and sessions.
     """
     out = Path(out)
+    if not isinstance(executor, Executor):
+        executor = make_executor(executor, workers, address)
     (out / "records").mkdir(parents=True, exist_ok=True)
     done = _done_keys(out, specs, retry_errors)
     todo = [s for s in specs if s.key not in done]
-    log.info("benchmark: %d runs planned, %d already recorded, %d to run", len(specs), len(done), len(todo))
-    workers = _default_workers() if workers is None else workers
-    if workers < 0:
-        raise ValueError(f"--workers must be >= 0, got {workers}")
+    log.info("benchmark: %d runs planned, %d already recorded, %d to run (%s)", len(specs), len(done), len(todo),
+             executor.describe())
     bar = _bar(len(todo), progress)
     n_err = 0
     try:
-        if workers == 0 or not todo:
-            for spec in todo:
-                rec = run_one(spec, out)
-                n_err += bool(rec["error"])
-                bar.set_postfix(errors=n_err)
-                bar.update(1)
-        else:
-            n_err = _run_pool(todo, out, min(workers, len(todo)), bar)
+        for spec, rec in executor.results(todo, out):
+            n_err += bool(rec["error"])
+            bar.set_postfix(errors=n_err, last=spec.key, refresh=False)
+            bar.update(1)
     finally:
         bar.close()
         df = collect(out)
@@ -228,55 +264,6 @@ def run_suite(specs: Sequence[RunSpec], out: str | os.PathLike, workers: int | N
         log.warning("benchmark: %d of %d runs failed; see the 'error' column of %s", n_err, len(todo),
                     out / "records.csv")
     return df
-
-
-def _run_pool(todo: Sequence[RunSpec], out: Path, workers: int, bar: Any) -> int:
-    methods = mp.get_all_start_methods()
-    ctx = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
-    env_before = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    # children read these at torch import, before _init_worker runs
-    os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    n_err = 0
-    try:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker) as pool:
-            pending = {pool.submit(run_one, spec, str(out)): spec for spec in todo}
-            try:
-                while pending:
-                    finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                    for fut in finished:
-                        spec = pending.pop(fut)
-                        try:
-                            rec = fut.result()
-                        except BrokenProcessPool:
-                            raise
-                        except Exception as exc:  # the worker itself died or could not pickle
-                            rec = _empty_record(spec)
-                            rec["error"] = f"{type(exc).__name__}: {exc}"
-                            write_record(out, rec)
-                        n_err += bool(rec["error"])
-                        bar.set_postfix(errors=n_err, last=spec.key, refresh=False)
-                        bar.update(1)
-            except BaseException:
-                for fut in pending:
-                    fut.cancel()
-                raise
-    except BrokenProcessPool as exc:
-        # a worker was killed (out of memory, segfault in a kernel): keep what finished
-        log.error("benchmark: worker pool broke (%s); finished runs are kept, re-run to resume", exc)
-    finally:
-        for k, v in env_before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    return n_err
-
-
-def _default_workers() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)
 
 
 def _bar(total: int, enabled: bool) -> Any:
@@ -288,7 +275,7 @@ def _bar(total: int, enabled: bool) -> Any:
 
 # --------------------------------------------------------------------------- command line
 
-def _note_command(out: Path, planned: int) -> None:
+def _note_command(out: Path, planned: int, executor: Executor) -> None:
     """Append this invocation to ``out/run_meta.json`` (the report quotes the first one)."""
     path = out / "run_meta.json"
     try:
@@ -297,9 +284,9 @@ def _note_command(out: Path, planned: int) -> None:
         meta = {}
     cmd = "python -m benchmarks " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["run"] else "python -m benchmarks run"
     meta.setdefault("command", cmd)
-    meta.setdefault("history", []).append({"command": cmd, "planned": planned,
+    meta.setdefault("history", []).append({"command": cmd, "planned": planned, "executor": executor.describe(),
                                            "date": time.strftime("%Y-%m-%d %H:%M:%S")})
-    meta["host"] = f"{platform.node()} ({_default_workers()} usable cores)"
+    meta["host"] = f"{platform.node()} ({usable_cores()} usable cores)"
     write_json_atomic(path, meta)
 
 
@@ -322,7 +309,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"train the unmonitored timing twin for healthy runs of seeds < K "
                         f"(default {DEFAULT_BARE_SEEDS}, quick {QUICK_BARE_SEEDS}; -1: every seed)")
     p.add_argument("--bare-injected", action="store_true", help="also time injected runs without the monitor")
-    p.add_argument("--workers", type=int, metavar="N", help="worker processes (default: usable cores; 0 = in-process)")
+    p.add_argument("--executor", default=DEFAULT_EXECUTOR, choices=EXECUTORS,
+                   help="where runs execute: a local process pool, Ray tasks (pip install -e '.[bench-ray]'), "
+                        "or this process (default: %(default)s)")
+    p.add_argument("--address", metavar="ADDR",
+                   help="with --executor ray: the Ray cluster to join (HEAD:6379, or auto); default: start a "
+                        "local Ray")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="pool processes or local Ray CPUs (default: usable cores; 0 = in-process); on a Ray "
+                        "cluster, the most runs at once (default: no cap)")
     p.add_argument("--verify", action="store_true",
                    help="also verify each run's leading hypotheses by replay (docs/verification.md)")
     p.add_argument("--verify-steps", type=int, default=20, metavar="N",
@@ -364,12 +359,14 @@ def _with_verify(specs: list[RunSpec], args: argparse.Namespace) -> list[RunSpec
 
 def main(args: argparse.Namespace) -> int:
     """Run the suite described by parsed ``args``; the exit code is 1 when every run failed."""
+    # a bad --executor/--address/--workers, or Ray missing, stops here, before anything is written
+    executor = make_executor(getattr(args, "executor", DEFAULT_EXECUTOR), args.workers, getattr(args, "address", None))
     specs = _with_verify(_plan_from_args(args), args)
     t0 = time.perf_counter()
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    _note_command(Path(args.out), len(specs))
-    df = run_suite(specs, args.out, workers=args.workers, retry_errors=not args.no_retry_errors,
-                   progress=not args.no_progress)
+    _note_command(Path(args.out), len(specs), executor)
+    df = run_suite(specs, args.out, retry_errors=not args.no_retry_errors, progress=not args.no_progress,
+                   executor=executor)
     keys = {s.key for s in specs}
     mine = df[df["key"].isin(keys)]
     n_err = int((mine["error"].fillna("") != "").sum())
