@@ -29,13 +29,14 @@ _LAZY: dict[str, str] = {
     "Hypothesis": "neuraldbg.causal.types",
     "CausalChain": "neuraldbg.causal.types",
     "Coupling": "neuraldbg.causal.types",
+    "Posterior": "neuraldbg.causal.types",
     "Verification": "neuraldbg.verify.types",
 }
 
 __all__ = sorted(_LAZY) + ["EVENT_TYPES", "EVENT_KINDS", "FAILURE_TYPES", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover - static names for type checkers and IDEs (the lazy table's)
-    from neuraldbg.causal.types import CausalChain, Coupling, Hypothesis  # noqa: F401
+    from neuraldbg.causal.types import CausalChain, Coupling, Hypothesis, Posterior  # noqa: F401
     from neuraldbg.config import DetectorConfig  # noqa: F401
     from neuraldbg.distributed import merge_sessions  # noqa: F401
     from neuraldbg.events.base import Event  # noqa: F401

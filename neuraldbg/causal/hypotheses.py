@@ -15,7 +15,7 @@ from typing import Mapping
 from neuraldbg.causal.compiled import CompiledNetwork
 from neuraldbg.causal.evidence import Evidence
 from neuraldbg.causal.nodes.causes import retention_not_kept
-from neuraldbg.causal.nodes.run import LR
+from neuraldbg.causal.nodes.run import LR, LR_PEAK
 from neuraldbg.causal.types import CausalChain, Hypothesis, Posterior
 from neuraldbg.events.base import FAILURE_TYPES, Event
 from neuraldbg.trace import Trace
@@ -162,14 +162,21 @@ def describe(cause: str, state: str, p: float, failure_type: str, layer: str | N
 
 
 def _lr_text(trace: Trace) -> str:
+    """The rate a fix should start from: the peak of the schedule (``lr_peak``), since a decayed
+    schedule ends near 0 and "10x lower than the end" would mean nothing; the current rates
+    when the schedule never went above them (a constant rate)."""
     lrs = trace.signatures.value(LR)
-    if isinstance(lrs, (list, tuple)) and lrs:
+    now: list[float] = []
+    if isinstance(lrs, (list, tuple)):
         try:
-            vals = sorted({float(x) for x in lrs if math.isfinite(float(x))})
+            now = sorted({float(x) for x in lrs if math.isfinite(float(x))})
         except (TypeError, ValueError):
-            return ""
-        if vals:
-            return f" (currently {', '.join(f'{v:g}' for v in vals)})"
+            now = []
+    peak = trace.signatures.number(LR_PEAK)
+    if peak is not None and math.isfinite(peak) and peak > 0 and (not now or max(now) < peak):
+        return f" (peak {peak:g})"
+    if now:
+        return f" (currently {', '.join(f'{v:g}' for v in now)})"
     return ""
 
 
