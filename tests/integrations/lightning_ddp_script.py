@@ -1,6 +1,7 @@
 """A 2-rank Lightning DDP fit on CPU (gloo) with the NeuralDBG callback, learning rate 1000x
 too high. Run as ``python lightning_ddp_script.py OUT_DIR``; Lightning starts rank 1 by running
-this script again. Used by tests/integrations/test_lightning_loggers.py."""
+this script again. Used by tests/integrations/test_lightning_loggers.py, which also trains
+:class:`Tiny` on one process."""
 from __future__ import annotations
 
 import logging
@@ -15,6 +16,8 @@ from tiny_task import LR, STEPS, batches, make_model, optimizer
 
 
 class Tiny(L.LightningModule):
+    """The tiny task's MLP; logs its own loss, as users do."""
+
     def __init__(self, lr):
         super().__init__()
         self.net = make_model(0)
@@ -22,7 +25,9 @@ class Tiny(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         x, y = batch
-        return F.cross_entropy(self.net(x), y)
+        loss = F.cross_entropy(self.net(x), y)
+        self.log("train_loss", loss)
+        return loss
 
     def configure_optimizers(self):
         return optimizer(self.parameters(), self.lr)

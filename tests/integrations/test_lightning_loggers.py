@@ -11,35 +11,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.nn import functional as F
 
 L = pytest.importorskip("lightning.pytorch", reason="the lightning extra is not installed")
 
 from neuraldbg.integrations import lightning as integration  # noqa: E402
 from neuraldbg.integrations.common import SESSION_FILE  # noqa: E402
-from tiny_task import LR, STEPS, batches, make_model, optimizer  # noqa: E402
+from lightning_ddp_script import Tiny  # noqa: E402
+from tiny_task import LR, STEPS, batches  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 P_HEALTHY = "neuraldbg/p_healthy"
 LR_HIGH = "neuraldbg/hypothesis/learning_rate=too_high"
-
-
-class Tiny(L.LightningModule):
-    """The tiny task's MLP; logs its own loss, as users do."""
-
-    def __init__(self, lr):
-        super().__init__()
-        self.net = make_model(0)
-        self.lr = lr
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        loss = F.cross_entropy(self.net(x), y)
-        self.log("train_loss", loss)
-        return loss
-
-    def configure_optimizers(self):
-        return optimizer(self.parameters(), self.lr)
 
 
 def fit(lr, logger, callbacks):
