@@ -208,3 +208,17 @@ def test_cli_report_single_and_merged(tmp_path, capsys):
     assert "unknown family 'nope'; valid: mlp" in capsys.readouterr().err
     assert main(["report", paths[0], "-o", str(tmp_path / "z.html"), "--family", "cnn"]) == 0
     assert "posterior from cnn.json" in (tmp_path / "z.html").read_text(encoding="utf-8")
+
+
+def test_the_verdict_is_the_library_one(lr_run):
+    """The summary says "no failure found" exactly when P(healthy) >= 0.5 (docs/api.md), listing
+    a hypothesis above the floor as a weaker lead rather than as the verdict."""
+    from neuraldbg.causal.types import Posterior
+    from neuraldbg.report.html import ReportData, _summary
+
+    hyp = dataclasses.replace(lr_run.dbg.get_causal_hypotheses()[0], probability=0.42)
+    for p_healthy, expect in ((0.57, "no failure found (the hypotheses below are weaker leads)"),
+                              (0.3, hyp.description.replace("`", ""))):
+        post = Posterior({"learning_rate": {"ok": 0.58, "too_high": 0.42, "too_low": 0.0}}, p_healthy)
+        d = ReportData(trace=lr_run.dbg.trace(), posterior=post, hypotheses=(hyp,), chains=(), timeline=(), ranks=())
+        assert expect in Page(_summary(d)).prose("summary")
