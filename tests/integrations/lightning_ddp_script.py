@@ -4,7 +4,6 @@ this script again. Used by tests/integrations/test_lightning_loggers.py, which a
 :class:`Tiny` on one process."""
 from __future__ import annotations
 
-import logging
 import sys
 
 import lightning.pytorch as L
@@ -12,7 +11,7 @@ import torch
 from torch.nn import functional as F
 
 from neuraldbg.integrations.lightning import NeuralDbgCallback
-from tiny_task import LR, STEPS, batches, make_model, optimizer
+from tiny_task import LR, STEPS, batches, log_to_stderr, make_model, optimizer
 
 
 class Tiny(L.LightningModule):
@@ -34,11 +33,7 @@ class Tiny(L.LightningModule):
 
 
 def main(out: str) -> None:
-    # the application's choice: show the neuraldbg logger on stderr, on every rank
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
-    logging.getLogger("neuraldbg").addHandler(handler)
-    logging.getLogger("neuraldbg").setLevel(logging.INFO)
+    log_to_stderr()
     torch.set_num_threads(1)
     trainer = L.Trainer(max_steps=STEPS // 2, strategy="ddp", accelerator="cpu", devices=2,
                         callbacks=[NeuralDbgCallback(export=True)], logger=L.loggers.CSVLogger(out),

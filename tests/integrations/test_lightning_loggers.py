@@ -82,7 +82,6 @@ def test_no_logger_no_metrics_and_export_goes_to_default_root_dir(tmp_path):
     assert cb.diagnosis.session_path == str(tmp_path / SESSION_FILE)
 
 
-@pytest.mark.slow
 def test_two_ddp_ranks_print_the_diagnosis_once_and_both_measure(tmp_path):
     """Lightning DDP on CPU (gloo), launched the way Lightning launches it: the script runs
     again for rank 1. The diagnosis goes to stderr through a handler the script sets up."""

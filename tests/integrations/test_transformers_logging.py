@@ -107,3 +107,28 @@ def test_only_process_zero_logs_the_diagnosis(tmp_path, caplog):
     assert cb.diagnosis.hypotheses[0].cause == "learning_rate"  # measured and diagnosed
     mine = [r for r in caplog.records if r.name == "neuraldbg" and "learning_rate is too high" in r.getMessage()]
     assert mine and all(r.levelno == logging.DEBUG for r in mine)
+
+
+def test_two_processes_print_the_diagnosis_once_and_both_measure(tmp_path):
+    """``torchrun`` with 2 CPU processes (gloo): the world's process zero logs the diagnosis,
+    both measure and export their own session."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as sock:  # a free port on the loopback for the rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parents[1])]), "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                          "--master_addr", "127.0.0.1", "--master_port", str(port),
+                          str(here / "transformers_ddp_script.py"), str(tmp_path)],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert res.stderr.count("neuraldbg: diagnosis (P(healthy)") == 1, res.stderr[-4000:]
+    assert res.stderr.count("learning_rate is too high") == 1
+    sessions = sorted(p.name for p in tmp_path.glob("neuraldbg_session.rank*.json"))
+    assert sessions == ["neuraldbg_session.rank0.json", "neuraldbg_session.rank1.json"]
