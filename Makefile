@@ -6,17 +6,26 @@ VPY := $(VENV)/bin/python
 # an open range would pull a multi-GB CUDA build.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: venv demo test bench bench-quick priors clean
+.PHONY: venv venv-demo demo test bench bench-quick priors docs-figures clean
 
-$(VENV)/.installed: pyproject.toml
+# Two environments in one .venv, each installed once: the demo's (the core, the plot extra and
+# the pinned torch: what `python -m neuraldbg.demo` imports) and the full one of `make test`
+# (adds the test and ecosystem extras: lightning, transformers, diffusers, torch_geometric ...).
+$(VENV)/.demo-installed: pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q $(TORCH_PIN)
+	$(VPY) -m pip install -q -e '.[plot]' $(TORCH_PIN)
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.demo-installed
 	$(VPY) -m pip install -q -e '.[test,plot,ecosystem]' $(TORCH_PIN)
 	touch $@
 
+venv-demo: $(VENV)/.demo-installed
+
 venv: $(VENV)/.installed
 
-demo: venv
+demo: venv-demo
 	$(VPY) -m neuraldbg.demo
 
 test: venv
@@ -41,6 +50,11 @@ priors: venv
 	for f in $(FAMILIES); do \
 	  $(VPY) -m neuraldbg.cli tune-priors --family $$f --runs $(BENCH_DIR) --out neuraldbg/priors/$$f.json --no-temperature || exit 1; \
 	done
+
+# Every figure under docs/ comes from this script (headless Chromium; it says how to get one
+# when none is installed), so a figure cannot drift from what the code draws today.
+docs-figures: venv-demo
+	$(VPY) docs/figures.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

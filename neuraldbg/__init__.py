@@ -30,6 +30,7 @@ _LAZY: dict[str, str] = {
     "CausalChain": "neuraldbg.causal.types",
     "Coupling": "neuraldbg.causal.types",
     "Coverage": "neuraldbg.causal.types",
+    "Posterior": "neuraldbg.causal.types",
     "VariableCoverage": "neuraldbg.causal.types",
     "Verification": "neuraldbg.verify.types",
 }
@@ -37,7 +38,8 @@ _LAZY: dict[str, str] = {
 __all__ = sorted(_LAZY) + ["EVENT_TYPES", "EVENT_KINDS", "FAILURE_TYPES", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover - static names for type checkers and IDEs (the lazy table's)
-    from neuraldbg.causal.types import CausalChain, Coupling, Coverage, Hypothesis, VariableCoverage  # noqa: F401
+    from neuraldbg.causal.types import (  # noqa: F401
+        CausalChain, Coupling, Coverage, Hypothesis, Posterior, VariableCoverage)
     from neuraldbg.config import DetectorConfig  # noqa: F401
     from neuraldbg.distributed import merge_sessions  # noqa: F401
     from neuraldbg.events.base import Event  # noqa: F401

@@ -6,14 +6,19 @@ own parser with :func:`command` (``explain``, ``report``, ``tune-priors`` and
 Errors in the user's input or environment (a missing or unreadable file, a bad session or
 prior file: ``OSError``, ``ValueError``) print one line on stderr, ``neuraldbg: error: ...``,
 and exit with status 1 (``--debug`` adds the traceback); usage errors exit with status 2
-(argparse). Any other exception is a bug of ours: its traceback is shown with a line asking
-for a report, and the status is 70.
+(argparse, whose message has the same ``neuraldbg: error:`` head). Any other exception is a
+bug of ours: its traceback is shown with a line asking for a report, and the status is 70.
+A reader that closes the pipe early (``neuraldbg explain run.json | head``) ends the command
+quietly, with the status of a process killed by SIGPIPE (141), as other Unix tools do.
+``--debug`` and ``--verbose`` are accepted before or after the subcommand. A file written
+into a folder that does not exist creates it, and the command says so (``docs/api.md``).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 import sys
 import traceback
 from typing import Any, Callable, Sequence
@@ -131,7 +136,7 @@ def _report(path: str, args: argparse.Namespace, session: Any = None) -> dict[st
     out: dict[str, Any] = {
         "session": path, "family": trace.family, "priors": source,
         "steps": [trace.first_step, trace.last_step], "n_events": len(trace.events),
-        "floor": floor, "p_healthy": post.p_healthy,
+        "floor": floor, "p_healthy": post.p_healthy, "healthy": post.is_healthy,
         "hypotheses": [h.to_dict() for h in hyps],
         "chains": [c.to_dict() for c in chains],
         "posterior": {k: v for k, v in post.items() if k != "healthy"},
@@ -153,7 +158,8 @@ def _print_text(rep: dict[str, Any], args: argparse.Namespace, stream) -> None:
     w = stream.write
     w(f"Session {rep['session']}: family {rep['family']}, steps {rep['steps'][0]}-{rep['steps'][1]}, "
       f"{rep['n_events']} events, priors {rep['priors']}\n")
-    w(f"P(healthy) = {rep['p_healthy']:.3f}\n")
+    verdict = "healthy" if rep["healthy"] else "not healthy"  # the one verdict: P(healthy) >= 0.5 (docs/api.md)
+    w(f"P(healthy) = {rep['p_healthy']:.3f}: {verdict}\n")
     scope = f" explaining {args.failure_type}" if args.failure_type else ""
     if hyps:
         w(f"Hypotheses{scope} (posterior >= {rep['floor']:.2f}):\n")
@@ -197,6 +203,8 @@ def run_explain(args: argparse.Namespace) -> int:
     for i, (path, preloaded) in enumerate(jobs):
         try:
             rep = _report(path, args, preloaded)
+        except BrokenPipeError:
+            raise
         except (UserError, OSError, ValueError) as exc:  # one line per unusable session, then go on
             status = _fail(exc, args)
             continue
@@ -247,22 +255,21 @@ def run_tune(args: argparse.Namespace) -> int:
     """Fit, write the prior file, print a summary; 1 when the runs or settings are unusable."""
     from neuraldbg.causal.priors import PriorError
     from neuraldbg.fit import TuneError, tune
+    from neuraldbg.jsonio import new_folders
     from neuraldbg.vocab import FAMILIES
 
     if args.family not in FAMILIES:
-        print(f"neuraldbg: error: unknown family {args.family!r}; valid: {', '.join(FAMILIES)}", file=sys.stderr)
-        return 1
+        return _fail(UserError(f"unknown family {args.family!r}; valid: {', '.join(FAMILIES)}"), args)
     if args.folds == 1 or args.folds < 0:
-        print(f"neuraldbg: error: --folds must be 0 or >= 2, got {args.folds}", file=sys.stderr)
-        return 1
+        return _fail(UserError(f"--folds must be 0 or >= 2, got {args.folds}"), args)
     try:
         res = tune(args.runs, args.family, ess=args.ess, folds=args.folds, base=args.base,
                    temperature=not args.no_temperature, seed=args.seed,
                    criterion=args.temperature_criterion)
+        created = new_folders(args.out)
         path = res.write(args.out)
     except (TuneError, PriorError, OSError) as exc:
-        print(f"neuraldbg: error: {exc}", file=sys.stderr)
-        return 1
+        return _fail(exc, args)
     fo = res.data["provenance"]["fitted_on"]
     print(f"Fitted {args.family} on {fo['records']} runs ({len(fo['architectures'])} architectures, "
           f"seeds {fo['seeds']}): EM {res.fit.iterations} iterations, "
@@ -278,7 +285,7 @@ def run_tune(args: argparse.Namespace) -> int:
                                                           ("mix_log_loss", 13))))
     else:
         print("No held-out check (--folds 0 or too few runs).")
-    print(f"Wrote {path}")
+    print(wrote(path, created))
     return 0
 
 
@@ -314,23 +321,28 @@ def _report_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run_report(args: argparse.Namespace) -> int:
     """Write the report; 0 on success, 1 when a session, prior file or the output is unusable."""
+    from neuraldbg.jsonio import new_folders
     from neuraldbg.report.html import write_report
 
+    session = _merged(args.sessions) if len(args.sessions) > 1 else _load(args.sessions[0])
+    priors, _ = _priors_for(session, args)
+    created = new_folders(args.output)
     try:
-        session = _merged(args.sessions) if len(args.sessions) > 1 else _load(args.sessions[0])
-        priors, _ = _priors_for(session, args)
         path = write_report(session, args.output, priors=priors, title=args.title)
-    except UserError as exc:
-        print(f"neuraldbg report: {exc}", file=sys.stderr)
-        return 1
     except OSError as exc:
-        print(f"neuraldbg report: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    print(f"Wrote {path}")
+        raise UserError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+    print(wrote(path, created))
     return 0
 
 
 # ---- entry point --------------------------------------------------------------------------
+
+def wrote(path: str, created: Sequence[str] = ()) -> str:
+    """The line a command prints for a file it wrote, naming the folders it had to create."""
+    if not created:
+        return f"Wrote {path}"
+    return f"Wrote {path} (created the folder{'s' if len(created) > 1 else ''} {', '.join(created)})"
+
 
 def _log_to_stderr(level: int) -> None:
     """Show the ``neuraldbg`` logger on stderr; the root logger is the application's, not ours."""
@@ -342,20 +354,52 @@ def _log_to_stderr(level: int) -> None:
     log.setLevel(level)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with one error head for every subcommand: ``neuraldbg: error: ...``
+    (a subparser would say ``neuraldbg explain: error: ...``); usage errors keep status 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(2, f"neuraldbg: error: {message}\n")
+
+
+def _global_options(parser: argparse.ArgumentParser, default: Any) -> None:
+    """``--verbose`` and ``--debug``: on the top-level parser (``default`` False) and again on
+    each subcommand's (``default`` SUPPRESS, so that a flag given before the subcommand is not
+    reset by the subparser's default)."""
+    parser.add_argument("-v", "--verbose", action="store_true", default=default, help="log debug messages")
+    parser.add_argument("--debug", action="store_true", default=default, help="show the traceback of an error")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one subparser per registered command."""
-    parser = argparse.ArgumentParser(prog="neuraldbg", description="Tells you why a PyTorch training run failed.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
-    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    from neuraldbg import __version__
+
+    parser = Parser(prog="neuraldbg", description="Tells you why a PyTorch training run failed.")
+    parser.add_argument("--version", action="version", version=f"neuraldbg {__version__}")
+    _global_options(parser, False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in sorted(COMMANDS):
-        COMMANDS[name](sub)
+        _global_options(COMMANDS[name](sub), argparse.SUPPRESS)
     return parser
 
 
 #: exit status of an error that is a bug of ours, not of the input (sysexits' EX_SOFTWARE)
 EXIT_BUG = 70
+#: exit status when the reader of stdout went away: that of a process killed by SIGPIPE
+EXIT_PIPE = 128 + 13
+
+
+def _pipe_closed() -> int:
+    """The reader closed stdout (``| head``): nothing to report. stdout is pointed at
+    ``/dev/null`` so that the interpreter's final flush does not fail again on exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout without a file descriptor (captured): nothing to flush
+        pass
+    return EXIT_PIPE
 
 
 def _fail(exc: BaseException, args: Any) -> int:
@@ -376,7 +420,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _log_to_stderr(logging.DEBUG if args.verbose else logging.WARNING)
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
+        return status
+    except BrokenPipeError:
+        return _pipe_closed()
     except (UserError, OSError, ValueError) as exc:  # json.JSONDecodeError and SchemaError are ValueErrors
         return _fail(exc, args)
     except KeyboardInterrupt:

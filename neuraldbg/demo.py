@@ -18,14 +18,14 @@ def describe(title: str, run) -> None:
     print(f"\n=== {title}: loss {run.losses[0]:.3f} -> {run.losses[-1]:.3g} over {len(run.losses)} steps")
     events = dbg.events
     if not events:
-        print("  no events: training looks healthy")
+        print("  no events")
     for e in events[:10]:
         print(f"  - {e}")
     if len(events) > 10:
         print(f"  ... and {len(events) - 10} more (dbg.events_frame() has them all)")
     try:
         post = dbg.posterior()
-        print(f"  P(healthy) = {post.p_healthy:.2f}")
+        print(f"  P(healthy) = {post.p_healthy:.2f}: {'healthy' if post.is_healthy else 'not healthy'}")
         for h in dbg.get_causal_hypotheses()[:3]:
             print(f"  * {h}")
             print(f"    fix: {h.suggested_fix}")

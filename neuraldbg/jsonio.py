@@ -71,6 +71,18 @@ def write_json_atomic(path: str | os.PathLike, obj: Any, *, indent: int | None =
     return write_text_atomic(path, text + "\n", fsync=fsync)
 
 
+def new_folders(path: str | os.PathLike) -> list[str]:
+    """The parent folders of ``path`` that do not exist yet, outermost first: what a write to
+    it creates. Every writer of the package creates them (one rule, ``docs/api.md``,
+    "Autosave and files"); the command line names them."""
+    out = []
+    parent = Path(path).parent
+    while not parent.exists() and parent != parent.parent:
+        out.append(str(parent))
+        parent = parent.parent
+    return out[::-1]
+
+
 def write_text_atomic(path: str | os.PathLike, text: str, *, fsync: bool = False) -> str:
     """Write ``text`` (UTF-8) to ``path`` atomically, with the mode ``open()`` would give it and
     parent folders created (see :func:`write_json_atomic`); return the path as a string."""

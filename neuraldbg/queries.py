@@ -12,7 +12,7 @@ from neuraldbg.vocab import validate_failure_type
 
 if TYPE_CHECKING:  # pragma: no cover
     from neuraldbg.causal.priors import Priors
-    from neuraldbg.causal.types import CausalChain, Coupling, Coverage, Hypothesis
+    from neuraldbg.causal.types import CausalChain, Coupling, Coverage, Hypothesis, Posterior
     from neuraldbg.trace import Trace
 
 
@@ -52,11 +52,12 @@ class CausalQueries:
             raise ImpossibleEvidence(f"{exc} of {pri.source}: a table there gives this run's evidence "
                                      "probability 0; refit it or add small probabilities") from None
 
-    def posterior(self) -> dict[str, dict[str, float]]:
+    def posterior(self) -> "Posterior":
         """Posterior of every root-cause variable (each sums to 1) and ``P(healthy)``.
 
-        The result is a dict ``variable -> {state: p}``; key ``"healthy"`` holds
-        ``{"yes": P(all causes ok), "no": 1 - P}`` and attribute ``p_healthy`` the same number.
+        The result is a :class:`~neuraldbg.causal.types.Posterior`, a dict ``variable ->
+        {state: p}``; key ``"healthy"`` holds ``{"yes": P(all causes ok), "no": 1 - P}``,
+        attribute ``p_healthy`` the same number and ``is_healthy`` the verdict (``docs/api.md``).
         """
         return self._ask("posterior")
 

@@ -69,13 +69,14 @@ def test_explain_nan_batch_session(tmp_path, capsys):
     assert "data is corrupted (p=1.00): data anomaly first seen in layer `fc1` at step 30." in out
     assert "fix: Drop or repair the NaN/Inf batch at step 30" in out
     assert "data_anomaly: data=corrupted (p=1.00) -> nan in fc1 at step 30" in out
-    assert "P(healthy) = 0.000" in out and "Posterior:" in out
+    assert "P(healthy) = 0.000: not healthy" in out and "Posterior:" in out
 
 
 def test_explain_healthy_session_reports_nothing(tmp_path, capsys):
     assert cli.main(["explain", healthy_session(tmp_path), "--couplings", "--evidence"]) == 0
     out = capsys.readouterr().out
     assert "No hypothesis above the reporting floor (0.20)." in out
+    assert re.search(r"P\(healthy\) = 0\.\d+: healthy\n", out)
     assert "family cnn" in out and "No coupled failures." in out
     assert "loss_pattern  decreasing" in out
 
@@ -84,6 +85,7 @@ def test_explain_json(tmp_path, capsys):
     assert cli.main(["explain", shift_session(tmp_path), "--json", "--evidence"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["hypotheses"][0]["cause"] == "data" and doc["hypotheses"][0]["onset_step"] == 30
+    assert doc["healthy"] is False and doc["p_healthy"] < 0.5
     assert doc["evidence"]["data_shift"] == "input"
     assert set(doc["posterior"]) == {"learning_rate", "initialization", "data", "architecture", "training_loop",
                                      "unexplained"}
@@ -143,7 +145,9 @@ def test_usage_errors_exit_2(capsys):
     assert exc.value.code == 2
     with pytest.raises(SystemExit):
         cli.main(["explain", "x.json", "-f", "gradient_explosion"])
-    assert "invalid choice" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "invalid choice" in err
+    assert err.strip().splitlines()[-1].startswith("neuraldbg: error: argument -f/--failure-type: invalid choice")
 
 
 def test_subcommands_register_their_own_parser():
@@ -287,3 +291,73 @@ def test_the_installed_entry_point_prints_one_line_for_a_bad_file(tmp_path):
                                                "'neuraldbg_version'; required: schema, version, neuraldbg_version, "
                                                "family, rank, world_size, steps, model, events, loss, config, priors, "
                                                "meta"]
+
+
+# ---- the command line's manners: --version, pipes, flags in either place, one error format -------
+
+def test_version_prints_and_exits_0(capsys):
+    """Regression: ``neuraldbg --version`` was a usage error (exit code 2)."""
+    import neuraldbg
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"neuraldbg {neuraldbg.__version__}"
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(tmp_path):
+    """Regression: ``neuraldbg explain run.json | head -4`` ended with
+    ``neuraldbg: error: [Errno 32] Broken pipe``."""
+    sessions = [shift_session(tmp_path)] * 200  # far more than a pipe buffer holds
+    proc = subprocess.Popen([sys.executable, "-m", "neuraldbg.cli", "explain", *sessions], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    head = [proc.stdout.readline() for _ in range(4)]
+    proc.stdout.close()  # what `head -4` does after four lines
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == cli.EXIT_PIPE == 141
+    assert head[0].startswith(b"Session ") and err == ""
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_debug_is_accepted_before_and_after_the_subcommand(tmp_path, capsys, where):
+    missing = str(tmp_path / "none.json")
+    argv = ["--debug", "explain", missing] if where == "before" else ["explain", missing, "--debug"]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("neuraldbg: error: no session file")
+    assert cli.main(["explain", missing]) == 1
+    assert "Traceback" not in capsys.readouterr().err  # off by default, in both places
+
+
+def test_verbose_after_the_subcommand(tmp_path):
+    args = cli.build_parser().parse_args(["explain", "a.json", "-v"])
+    assert args.verbose and not args.debug
+    args = cli.build_parser().parse_args(["-v", "explain", "a.json"])
+    assert args.verbose and not args.debug
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["report", "/no/such.json"], "no session file"),
+    (["report", "SESSION", "--family", "vit"], "unknown family 'vit'"),
+    (["report", "SESSION", "-o", "/proc/neuraldbg/report.html"], "cannot write /proc/neuraldbg/report.html"),
+    (["tune-priors", "--family", "vit", "--runs", "x", "--out", "y"], "unknown family 'vit'"),
+    (["tune-verification", "--runs", "/no/such/folder"], "/no/such/folder"),
+])
+def test_every_error_reads_the_same(tmp_path, capsys, argv, message):
+    """Regression: ``neuraldbg report`` printed ``neuraldbg report: ...`` where every other
+    error reads ``neuraldbg: error: ...``."""
+    argv = [shift_session(tmp_path) if a == "SESSION" else a for a in argv]
+    assert cli.main(argv) == 1
+    assert message in _one_error_line(capsys.readouterr().err)
+
+
+def test_writing_into_a_missing_folder_creates_it_and_says_so(tmp_path, capsys):
+    """One rule for every writer (docs/api.md): missing parent folders are created; the command
+    line names them instead of creating them silently."""
+    out = tmp_path / "a" / "b" / "report.html"
+    assert cli.main(["report", shift_session(tmp_path), "-o", str(out)]) == 0
+    assert out.is_file()
+    assert capsys.readouterr().out.strip() == f"Wrote {out} (created the folders {tmp_path / 'a'}, {out.parent})"
+    again = tmp_path / "a" / "b" / "again.html"
+    assert cli.main(["report", shift_session(tmp_path), "-o", str(again)]) == 0
+    assert capsys.readouterr().out.strip() == f"Wrote {again}"

@@ -3,6 +3,8 @@ tests/monitor/test_idioms.py): Lightning, the Trainer, TensorBoard and the repor
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -10,6 +12,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = "## Lightning, the Trainer, TensorBoard and the HTML report"
+
+
+def python_blocks() -> list[str]:
+    """Every ```python block of the README, in order."""
+    return re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.S)
 
 
 def section_blocks() -> list[str]:
@@ -48,3 +55,65 @@ def test_readme_integration_snippets_run(tmp_path, monkeypatch):
 
     Sections().feed((tmp_path / "report.html").read_text(encoding="utf-8"))
     assert sections == ["summary", "loss", "timeline", "event-map", "posterior", "hypotheses", "chain"]
+
+
+#: mypy reads the snippets against this checkout's annotations (``mypy_path``); the frameworks
+#: and numeric libraries are skipped (their names are ``Any``), so what is checked is the
+#: package's own surface, in seconds rather than minutes
+MYPY_CONFIG = """[mypy]
+mypy_path = {root}
+ignore_missing_imports = True
+follow_imports = silent
+cache_dir = {cache}
+
+[mypy-torch.*,lightning.*,pytorch_lightning.*,transformers.*,accelerate.*,tensorboard.*,pgmpy.*,pandas.*,numpy.*,scipy.*,networkx.*]
+follow_imports = skip
+"""
+
+#: the names the README's usage snippet takes as given
+USAGE_PRELUDE = """import torch
+from typing import Any, Iterable
+model: torch.nn.Module
+optimizer: torch.optim.Optimizer
+loader: Iterable[tuple[torch.Tensor, torch.Tensor]]
+criterion: Any
+"""
+
+#: what a type checker must see (not ``Any``) for the documented attributes to be checked
+REVEAL = """
+reveal_type(NeuralDbg(torch.nn.Linear(2, 2)).posterior())
+reveal_type(callback)
+reveal_type(hf_callback)
+reveal_type(callback.diagnosis)
+"""
+
+
+def mypy(tmp_path, name: str, code: str) -> subprocess.CompletedProcess:
+    pytest.importorskip("mypy", reason="mypy (the test extra) is not installed")
+    cfg = tmp_path / "mypy.ini"
+    cfg.write_text(MYPY_CONFIG.format(root=ROOT, cache=tmp_path / "mypy-cache"))
+    (tmp_path / name).write_text(code)
+    return subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(cfg), "--no-error-summary",
+                           str(tmp_path / name)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+
+
+def test_readme_snippets_type_check_against_the_package_annotations(tmp_path):
+    """Regression: ``dbg.posterior()`` was annotated ``dict[str, dict[str, float]]`` (so the
+    documented ``.p_healthy`` was a mypy error) and ``NeuralDbgCallback`` was ``Any``."""
+    usage, *integration = python_blocks()
+    program = USAGE_PRELUDE + usage + "\n" + "\n".join(integration) + "\nfrom neuraldbg import NeuralDbg\n" + REVEAL
+    res = mypy(tmp_path, "readme_snippets.py", program)
+    lines = res.stdout.strip().splitlines()
+    errors = [ln for ln in lines if ": error:" in ln]
+    assert errors == [], "\n".join(errors)
+    revealed = [ln.split('Revealed type is "', 1)[1].rstrip('"') for ln in lines if "Revealed type" in ln]
+    assert revealed == ["neuraldbg.causal.types.Posterior", "neuraldbg.integrations.lightning.NeuralDbgCallback",
+                        "neuraldbg.integrations.transformers.NeuralDbgCallback",
+                        "neuraldbg.integrations.common.Diagnosis | None"], res.stdout
+
+
+def test_the_type_check_catches_a_misuse(tmp_path):
+    """The check above is not vacuous: a wrong attribute of the documented types is an error."""
+    res = mypy(tmp_path, "misuse.py", "from neuraldbg import load_session\n"
+               "load_session('run.json').posterior().p_healty\n")
+    assert '"Posterior" has no attribute "p_healty"' in res.stdout, res.stdout

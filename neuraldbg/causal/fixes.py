@@ -30,17 +30,21 @@ def describe(cause: str, state: str, p: float, failure_type: str, layer: str | N
 
 
 def _lr_text(trace: Trace) -> str:
-    peak = trace.signatures.number(LR_PEAK)
-    if peak is not None:  # the schedule's peak: at the end of a decay the rate reads ~0
-        return f" (peak {peak:g})"
+    """The rate a fix should start from: the peak of the schedule (``lr_peak``), since a decayed
+    schedule ends near 0 and "10x lower than the end" would mean nothing; the current rates
+    when the schedule never went above them (a constant rate)."""
     lrs = trace.signatures.value(LR)
-    if isinstance(lrs, (list, tuple)) and lrs:
+    now: list[float] = []
+    if isinstance(lrs, (list, tuple)):
         try:
-            vals = sorted({float(x) for x in lrs if math.isfinite(float(x))})
+            now = sorted({float(x) for x in lrs if math.isfinite(float(x))})
         except (TypeError, ValueError):
-            return ""
-        if vals:
-            return f" (currently {', '.join(f'{v:g}' for v in vals)})"
+            now = []
+    peak = trace.signatures.number(LR_PEAK)
+    if peak is not None and math.isfinite(peak) and peak > 0 and (not now or max(now) < peak):
+        return f" (peak {peak:g})"
+    if now:
+        return f" (currently {', '.join(f'{v:g}' for v in now)})"
     return ""
 
 

@@ -12,6 +12,12 @@ from neuraldbg.events.base import Event
 
 #: events shown by ``str(CausalChain)`` before eliding the rest
 MAX_LINKS = 8
+#: A run is *healthy* when ``P(healthy) >= HEALTHY_AT``: more likely than not, every root cause
+#: is ok (``docs/api.md``, "Causal queries"). Each root's ``ok`` is at least ``P(healthy)``, so
+#: no abnormal state can then be more probable than a healthy run: the verdict agrees with the
+#: posterior's most probable label, which is what the benchmark scores. Hypotheses (states at
+#: or above the reporting floor, 0.2) may still be listed for a healthy run, as weaker leads.
+HEALTHY_AT = 0.5
 
 
 def _short(e: Event) -> str:
@@ -179,6 +185,11 @@ class Posterior(dict):
         self.evidence = dict(evidence or {})
         self.source = source
         self.nothing_observed = bool(nothing_observed)
+
+    @property
+    def is_healthy(self) -> bool:
+        """The verdict: ``P(healthy) >= HEALTHY_AT`` (0.5), the one definition of a healthy run."""
+        return self.p_healthy >= HEALTHY_AT
 
     def abnormal(self) -> list[tuple[str, str, float]]:
         """Every abnormal ``(variable, state, p)``, most probable first."""

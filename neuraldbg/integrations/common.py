@@ -1,5 +1,6 @@
-"""What every framework callback shares: starting the monitor, the end-of-run diagnosis,
-where the session goes. Nothing here imports a framework (or torch, until a monitor starts).
+"""What every framework callback shares: starting the monitor, the diagnosis while training
+runs (:class:`LiveMetrics`) and at its end, where the session goes. Nothing here imports a
+framework (or torch, until a monitor starts).
 
 A callback runs inside someone else's training loop, so after construction nothing here
 raises: a monitor that cannot start, a diagnosis that cannot be computed or a session that
@@ -12,7 +13,13 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from neuraldbg.causal.types import HEALTHY_AT
+from neuraldbg.report.tensorboard import p_healthy_tag, state_tag
+
+if TYPE_CHECKING:  # pragma: no cover
+    from neuraldbg.causal.types import Hypothesis
 
 log = logging.getLogger("neuraldbg")
 
@@ -29,14 +36,15 @@ class Diagnosis:
     path (``None`` when not exported)."""
 
     p_healthy: float
-    hypotheses: tuple
+    hypotheses: tuple[Hypothesis, ...]
     text: str
     session_path: str | None = None
 
     @property
     def healthy(self) -> bool:
-        """True when no hypothesis reached the reporting floor."""
-        return not self.hypotheses
+        """The library's one verdict (``docs/api.md``): ``P(healthy) >= 0.5``, as
+        :attr:`neuraldbg.Posterior.is_healthy`; hypotheses may still be listed as weaker leads."""
+        return self.p_healthy >= HEALTHY_AT
 
 
 def check_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -100,18 +108,27 @@ def export_target(export: Any, default_dir: str | os.PathLike | None, rank: int 
 
 
 def describe(p_healthy: float, hypotheses: list, top: int = 3) -> str:
-    """The diagnosis as a few log lines."""
-    if not hypotheses:
+    """The diagnosis as a few log lines: the verdict (healthy when ``P(healthy) >= 0.5``), then
+    the top hypotheses with their fixes."""
+    healthy = p_healthy >= HEALTHY_AT
+    if healthy and not hypotheses:
         return f"no failure found (P(healthy) = {p_healthy:.3f})"
-    lines = [f"diagnosis (P(healthy) = {p_healthy:.3f}):"]
+    if healthy:
+        lines = [f"no failure found (P(healthy) = {p_healthy:.3f}); weaker leads:"]
+    elif not hypotheses:
+        return (f"something is off (P(healthy) = {p_healthy:.3f} < {HEALTHY_AT:g}) but no single cause "
+                "reaches the reporting floor")
+    else:
+        lines = [f"diagnosis (P(healthy) = {p_healthy:.3f}):"]
     for i, h in enumerate(hypotheses[:top], 1):
         lines.append(f"  {i}. {h.description}\n     fix: {h.suggested_fix}")
     return "\n".join(lines)
 
 
-def finish(dbg: Any, exc: BaseException | None, target: Path | None) -> Diagnosis | None:
-    """Exit the monitor, log the diagnosis (a warning when something is wrong, info when
-    healthy) and export the session to ``target``; ``None`` when the diagnosis failed."""
+def finish(dbg: Any, exc: BaseException | None, target: Path | None, announce: bool = True) -> Diagnosis | None:
+    """Exit the monitor, log the diagnosis (a warning when the run is not healthy, info when it
+    is; at debug level when ``announce`` is false, on the ranks of a distributed job other
+    than zero) and export the session to ``target``; ``None`` when the diagnosis failed."""
     if dbg is None:
         return None
     try:
@@ -133,8 +150,44 @@ def finish(dbg: Any, exc: BaseException | None, target: Path | None) -> Diagnosi
     text = describe(post.p_healthy, hyps)
     if path is not None:
         text += f"\n  session written to {path}"
-    log.log(logging.WARNING if hyps else logging.INFO, "neuraldbg: %s", text)
+    level = (logging.INFO if post.is_healthy else logging.WARNING) if announce else logging.DEBUG
+    log.log(level, "neuraldbg: %s", text)
     return Diagnosis(p_healthy=post.p_healthy, hypotheses=tuple(hyps), text=text, session_path=path)
+
+
+class LiveMetrics:
+    """The diagnosis while training runs, once per statistics sync of a monitor.
+
+    :meth:`poll` is cheap when nothing new reached the host (one attribute read) and never
+    forces a transfer: the posterior is computed from ``dbg.trace(flush=False)`` when
+    ``dbg.synced_step`` has moved. The numbers, under the tags of ``dbg.to_tensorboard``:
+    ``{prefix}/p_healthy`` and ``{prefix}/hypothesis/{cause}={state}`` for every abnormal state
+    that has reached the reporting floor at some sync so far (kept from then on, so a chart or
+    a CSV column does not come and go).
+    """
+
+    def __init__(self, prefix: str = "neuraldbg") -> None:
+        self.prefix = prefix
+        self.step: int | None = None
+        self.metrics: dict[str, float] = {}
+        self._states: list[tuple[str, str]] = []
+
+    def poll(self, dbg: Any) -> dict[str, float] | None:
+        """The new numbers when a sync happened since the last call, else ``None``."""
+        step = dbg.synced_step
+        if step is None or step == self.step:
+            return None
+        from neuraldbg.causal import api
+        from neuraldbg.causal.hypotheses import REPORT_FLOOR
+
+        self.step = step
+        post = api.posterior(dbg.trace(flush=False), dbg.priors)
+        for var, state, p in post.abnormal():
+            if p >= REPORT_FLOOR and (var, state) not in self._states:
+                self._states.append((var, state))
+        self.metrics = {p_healthy_tag(self.prefix): post.p_healthy}
+        self.metrics.update({state_tag(self.prefix, v, s): post[v][s] for v, s in self._states})
+        return dict(self.metrics)
 
 
 def guarded(reported: set, what: str, fn, *args) -> Any:
@@ -161,6 +214,7 @@ class CallbackBase:
         self.diagnosis: Diagnosis | None = None
         self._active = False
         self._reported: set = set()
+        self._live = LiveMetrics()
 
     def __repr__(self) -> str:
         return f"NeuralDbgCallback(export={self.export!r}, **{self.neuraldbg_kwargs!r})"

@@ -7,10 +7,17 @@
 - ``on_train_batch_start``: the monitor's step is ``trainer.global_step`` (optimizer steps, so
   the micro-batches of ``accumulate_grad_batches`` share one step);
 - ``on_train_batch_end``: the loss from ``outputs`` (Lightning divides it by the accumulation
-  count under automatic optimization; the callback multiplies it back);
+  count under automatic optimization; the callback multiplies it back); after each statistics
+  sync, ``P(healthy)`` and the hypotheses' probabilities go to every logger of the trainer
+  (``logger.log_metrics``: a CSV file's columns, TensorBoard scalars under the tags of
+  ``dbg.to_tensorboard``);
 - ``on_fit_end`` / ``on_exception``: the monitor exits, the diagnosis is logged on the
   ``neuraldbg`` logger (``callback.diagnosis``) and the session exported when ``export`` is
-  ``True`` (``trainer.default_root_dir``) or a path. ``callback.dbg`` answers every query after.
+  ``True`` (``trainer.log_dir``, the versioned folder of the trainer's first logger, else
+  ``default_root_dir``) or a path. ``callback.dbg`` answers every query after.
+
+Every rank of a distributed job measures (and exports its own session); only global rank
+zero logs the diagnosis, as Lightning's ``rank_zero_only`` would.
 
 The class is built on first use of the name from the Lightning packages imported by then
 (``lightning.pytorch``, ``pytorch_lightning``; both when both are, so it fits either
@@ -20,7 +27,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuraldbg.integrations import common
 
@@ -36,6 +43,8 @@ class _Hooks(common.CallbackBase):
     def __init__(self, export: Any = None, **neuraldbg_kwargs: Any) -> None:
         super().__init__(export, **neuraldbg_kwargs)
         self._scale = 1
+        self._log_dir: str | None = None
+        self._zero = True
 
     # ---- lifecycle ---------------------------------------------------------------------
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
@@ -48,6 +57,11 @@ class _Hooks(common.CallbackBase):
         automatic = getattr(pl_module, "automatic_optimization", True)
         self._scale = int(getattr(trainer, "accumulate_grad_batches", 1) or 1) if automatic else 1
         self.diagnosis = None
+        self._live = common.LiveMetrics()
+        self._zero = bool(getattr(trainer, "is_global_zero", True))
+        # now, on every rank: trainer.log_dir is a collective (a broadcast), which a rank that
+        # raised could not join at on_exception
+        self._log_dir = common.guarded(self._reported, "finding the log folder", _log_dir, trainer)
         self.dbg = common.start(pl_module, common.unwrap_optimizer(opts[0]) if len(opts) == 1 else None,
                                 self.neuraldbg_kwargs)
         self._active = True
@@ -65,10 +79,21 @@ class _Hooks(common.CallbackBase):
         if loss is None or not hasattr(loss, "detach"):
             return  # a skipped batch, or manual optimization returning no loss
         common.guarded(self._reported, "recording the loss", self._record, loss)
+        common.guarded(self._reported, "logging the diagnosis to the trainer's loggers", self._log_live, trainer)
 
     def _record(self, loss: Any) -> None:
         loss = loss.detach()
         self.dbg.record_loss(loss * self._scale if self._scale != 1 else loss)
+
+    def _log_live(self, trainer: Any) -> None:
+        # Lightning's loggers write on rank zero only (their log_metrics is rank_zero_only)
+        loggers = list(getattr(trainer, "loggers", None) or [])
+        if not loggers or not self._zero:
+            return
+        metrics = self._live.poll(self.dbg)
+        if metrics is not None:
+            for logger in loggers:
+                logger.log_metrics(metrics, step=self._live.step)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         """Exit the monitor, log the diagnosis, export when asked."""
@@ -82,10 +107,16 @@ class _Hooks(common.CallbackBase):
         if not self._active:
             return
         self._active = False
+        folder = self._log_dir or getattr(trainer, "default_root_dir", None)
         target = common.guarded(self._reported, "choosing the session path", common.export_target, self.export,
-                                getattr(trainer, "default_root_dir", None), getattr(trainer, "global_rank", None),
-                                getattr(trainer, "world_size", None))
-        self.diagnosis = common.finish(self.dbg, exc, target)
+                                folder, getattr(trainer, "global_rank", None), getattr(trainer, "world_size", None))
+        self.diagnosis = common.finish(self.dbg, exc, target, announce=self._zero)
+
+
+def _log_dir(trainer: Any) -> str | None:
+    """``trainer.log_dir`` (the versioned folder of its first logger, else ``default_root_dir``)."""
+    folder = getattr(trainer, "log_dir", None)
+    return None if folder is None else str(folder)
 
 
 def _bases() -> tuple[type, ...]:
@@ -111,6 +142,13 @@ def callback_class() -> type:
     if cls is None:
         cls = _classes[bases] = common.callback_type(_Hooks, bases, __name__, __doc__)
     return cls
+
+
+if TYPE_CHECKING:  # pragma: no cover - what type checkers see; at run time the class is built by __getattr__
+    from lightning.pytorch import Callback as _Callback
+
+    class NeuralDbgCallback(_Hooks, _Callback):
+        """A Lightning ``Callback`` that monitors ``trainer.fit`` (see the module docstring)."""
 
 
 def __getattr__(name: str) -> Any:

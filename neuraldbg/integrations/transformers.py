@@ -10,9 +10,18 @@
   taken by a forward hook on the model and averaged over the step by the monitor; when the
   model returns no ``loss`` (a custom ``compute_loss``), the ``loss`` of ``on_log`` instead,
   at the logging steps only;
+- ``on_log``: ``P(healthy)`` and the hypotheses' probabilities as of the last statistics sync
+  join ``logs`` (and the entry of ``state.log_history`` the Trainer made of them), so every
+  ``report_to`` integration receives them; the callback moves itself to the front of the
+  Trainer's callbacks so that it runs before those integrations;
+- after each statistics sync, when the Trainer has a TensorBoard writer (``report_to``
+  ``tensorboard``), the same numbers go to it under the tags of ``dbg.to_tensorboard``;
 - ``on_train_end``: the monitor exits, the diagnosis is logged on the ``neuraldbg`` logger
   (``callback.diagnosis``) and, when ``export`` is ``True`` (``args.output_dir``, next to the
   checkpoints) or a path, the session is written there.
+
+Every process of a distributed job measures (and exports its own session); only the world's
+process zero (``state.is_world_process_zero``) logs the diagnosis.
 
 The Trainer has no exception hook: when ``trainer.train()`` may raise, use the callback as a
 context manager (``with callback: trainer.train()``) or call ``callback.close()``, so the
@@ -20,12 +29,15 @@ hooks come off and the crashed run is diagnosed too.
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuraldbg.integrations import common
 
 _classes: dict[str, type] = {}
+#: frames searched upwards from a hook for the Trainer's ``CallbackHandler``
+_HANDLER_DEPTH = 4
 
 
 class _Hooks(common.CallbackBase):
@@ -36,6 +48,8 @@ class _Hooks(common.CallbackBase):
         self._handle: Any = None
         self._saw_loss = False
         self._output_dir: str | None = None
+        self._zero = True
+        self._handler: Any = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
                        **kwargs: Any) -> None:
@@ -47,14 +61,58 @@ class _Hooks(common.CallbackBase):
         self.diagnosis = None
         self._saw_loss = False
         self._output_dir = getattr(args, "output_dir", None)
+        self._zero = bool(getattr(state, "is_world_process_zero", True))
+        self._live = common.LiveMetrics()
+        self._handler = common.guarded(self._reported, "finding the Trainer's callbacks", self._go_first)
         self.dbg = common.start(model, common.unwrap_optimizer(optimizer), self.neuraldbg_kwargs)
         self._active = True
         self._handle = common.guarded(self._reported, "hooking the loss", model.register_forward_hook, self._forward)
 
+    def _go_first(self) -> Any:
+        """Move this callback to the front of the Trainer's ``CallbackHandler`` and return it.
+
+        The Trainer puts the ``report_to`` integrations before the user's callbacks and calls
+        ``on_log`` on each in turn with one ``logs`` dict: only a callback that runs first can
+        add to what they all receive. The handler is no argument of the hooks, so it is found
+        as the ``self`` of the frame that called this hook (``CallbackHandler.call_event``).
+        """
+        frame = sys._getframe(1)
+        for _ in range(_HANDLER_DEPTH):
+            frame = frame.f_back
+            if frame is None:
+                break
+            handler = frame.f_locals.get("self")
+            callbacks = getattr(handler, "callbacks", None)
+            if isinstance(callbacks, list) and any(cb is self for cb in callbacks):
+                callbacks[:] = [self] + [cb for cb in callbacks if cb is not self]
+                return handler
+        common.log.info("neuraldbg: the Trainer's callback list was not found; report_to integrations that "
+                        "run before this callback do not receive the diagnosis in their logs")
+        return None
+
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """The step is the optimizer step about to be taken."""
+        """The step is the optimizer step about to be taken (closing the last may sync)."""
         if self._active:
             common.guarded(self._reported, "setting the step", setattr, self.dbg, "step", int(state.global_step))
+            common.guarded(self._reported, "writing the diagnosis to TensorBoard", self._live_to_tensorboard)
+
+    def _live_to_tensorboard(self) -> None:
+        if not self._zero:
+            return
+        metrics = self._live.poll(self.dbg)
+        writer = self._tensorboard_writer()
+        if metrics is not None and writer is not None:
+            for tag, value in metrics.items():
+                writer.add_scalar(tag, value, self._live.step)
+
+    def _tensorboard_writer(self) -> Any:
+        """The ``SummaryWriter`` of the Trainer's ``TensorBoardCallback`` (created in its own
+        ``on_train_begin``, so looked up when needed), or ``None``."""
+        for cb in getattr(self._handler, "callbacks", None) or ():
+            writer = getattr(cb, "tb_writer", None)
+            if writer is not None and hasattr(writer, "add_scalar"):
+                return writer
+        return None
 
     def _forward(self, module: Any, inputs: Any, output: Any) -> None:
         # evaluation runs in eval mode under no_grad: only training forwards carry the loss
@@ -70,10 +128,27 @@ class _Hooks(common.CallbackBase):
             common.guarded(self._reported, "recording the loss", self.dbg.record_loss, loss.detach().reshape(()))
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
-        """Fallback loss source for models that return no ``loss``: the logged one."""
-        if self._active and not self._saw_loss and isinstance(logs, Mapping) \
-                and isinstance(logs.get("loss"), (int, float)):
+        """Add the diagnosis as of the last sync to ``logs`` (and to the ``log_history`` entry
+        made of them); for models that return no ``loss``, record the logged one."""
+        if not self._active:
+            return
+        if not self._saw_loss and isinstance(logs, Mapping) and isinstance(logs.get("loss"), (int, float)):
             common.guarded(self._reported, "recording the logged loss", self.dbg.record_loss, float(logs["loss"]))
+        if isinstance(logs, dict):
+            common.guarded(self._reported, "adding the diagnosis to the logs", self._add_to_logs, state, logs)
+
+    def _add_to_logs(self, state: Any, logs: dict) -> None:
+        self._live.poll(self.dbg)
+        if not self._live.metrics:
+            return
+        history = getattr(state, "log_history", None)
+        # Trainer.log appended {**logs, "step": ...} to log_history before calling on_log
+        last = history[-1] if history else None
+        mine = isinstance(last, dict) and last.get("step") == state.global_step \
+            and all(last.get(k) == v for k, v in logs.items())
+        logs.update(self._live.metrics)
+        if mine:
+            last.update(self._live.metrics)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Exit the monitor, log the diagnosis, write the session when asked."""
@@ -89,7 +164,8 @@ class _Hooks(common.CallbackBase):
             self._handle = None
         target = common.guarded(self._reported, "choosing the session path", common.export_target, self.export,
                                 self._output_dir, self.dbg.rank, self.dbg.world_size)
-        self.diagnosis = common.finish(self.dbg, exc, target)
+        self.diagnosis = common.finish(self.dbg, exc, target, announce=self._zero)
+        self._handler = None
         return self.diagnosis
 
     def __enter__(self) -> Any:
@@ -110,6 +186,13 @@ def callback_class() -> type:
             raise ImportError("NeuralDbgCallback needs transformers: pip install transformers accelerate") from e
         cls = _classes["cls"] = common.callback_type(_Hooks, (TrainerCallback,), __name__, __doc__)
     return cls
+
+
+if TYPE_CHECKING:  # pragma: no cover - what type checkers see; at run time the class is built by __getattr__
+    from transformers import TrainerCallback as _TrainerCallback
+
+    class NeuralDbgCallback(_Hooks, _TrainerCallback):
+        """A ``transformers.TrainerCallback`` that monitors ``trainer.train()`` (see the module docstring)."""
 
 
 def __getattr__(name: str) -> Any:

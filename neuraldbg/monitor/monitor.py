@@ -343,6 +343,13 @@ class NeuralDbg(CausalQueries):
         self._flush()
         return self._log.events
 
+    @property
+    def synced_step(self) -> int | None:
+        """The last step whose statistics have reached the host (``None`` before the first
+        transfer). Reading it forces nothing: a framework callback polls it to act once per
+        statistics sync, then reads ``trace(flush=False)`` (``docs/api.md``)."""
+        return None if self._first_step is None else self._last_step
+
     def events_frame(self):
         """The events as a ``pandas.DataFrame`` (one row per collapsed event)."""
         from neuraldbg.session import events_frame
@@ -363,9 +370,11 @@ class NeuralDbg(CausalQueries):
                                n_params=sum(p.numel() for p in mods[n].parameters(recurse=False) if is_plain(p)))
                      for i, n in enumerate(names))
 
-    def trace(self) -> Trace:
-        """Events plus context, the causal engine's input."""
-        events = tuple(self.events)
+    def trace(self, flush: bool = True) -> Trace:
+        """Events plus context, the causal engine's input. ``flush=False`` reads only what has
+        reached the host (up to :attr:`synced_step`), without closing the current step or
+        forcing a transfer: safe to call from inside a training step."""
+        events = tuple(self.events if flush else self._log.events)
         try:
             sigs = self.signatures()
         except Exception as e:  # noqa: BLE001 - the diagnosis then runs without signatures

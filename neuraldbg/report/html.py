@@ -12,6 +12,7 @@ evidence and fix) and ``chain`` (the causal chain of each failure type that occu
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from html import escape
 from typing import Any
@@ -32,8 +33,15 @@ MAX_EVIDENCE = 8
 #: steps at which the report evaluates the posterior timeline
 TIMELINE_POINTS = 120
 
+#: the page's only styles. Responsive: charts shrink with the viewport (``max-width:100%``,
+#: the SVG keeps its aspect ratio), long names wrap, a table wider than the screen scrolls in
+#: its own box: the page itself never scrolls sideways, from a phone (320 px) up.
 _CSS = """
-body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:960px;color:#222}
+body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:960px;color:#222;
+padding:0 12px;overflow-wrap:anywhere}
+svg{max-width:100%;height:auto;display:block}.scroll{overflow-x:auto;max-width:100%}
+code{font:12.5px ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;background:#f1f1f1;padding:0 3px;
+border-radius:3px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;border-bottom:1px solid #ddd;padding-bottom:3px;margin-top:28px}
 h3{font-size:14px;margin:14px 0 4px}.muted{color:#666}.big{font-size:30px;font-weight:600}
 .ok{color:#2e7d32}.bad{color:#c62828}svg text{font:11px system-ui,sans-serif;fill:#333}
@@ -73,6 +81,15 @@ def collect(source: Any, priors: Any = None, timeline_points: int = TIMELINE_POI
                       ranks=tuple(sorted(int(r) for r in ranks)))
 
 
+_CODE = re.compile(r"`([^`<>]+)`")
+
+
+def rich(text: str) -> str:
+    """``text`` escaped for HTML, with the Markdown-style ```name``` spans of the engine's
+    sentences (layer names, in the hypotheses and fixes) set as ``<code>``."""
+    return _CODE.sub(r"<code>\1</code>", escape(text))
+
+
 def _section(sid: str, title: str, body: str) -> str:
     return f'<section id="{sid}"><h2>{escape(title)}</h2>{body}</section>'
 
@@ -83,11 +100,16 @@ def _where(e: Event) -> str:
 
 def _summary(d: ReportData) -> str:
     t, p = d.trace, d.posterior.p_healthy
-    verdict = ('<span class="ok">no failure found</span>' if not d.hypotheses
-               else f'<span class="bad">{escape(d.hypotheses[0].description)}</span>')
+    if d.posterior.is_healthy:  # the one verdict (docs/api.md): P(healthy) >= 0.5
+        verdict = '<span class="ok">no failure found</span>' + (
+            " (the hypotheses below are weaker leads)" if d.hypotheses else "")
+    elif d.hypotheses:
+        verdict = f'<span class="bad">{rich(d.hypotheses[0].description)}</span>'
+    else:
+        verdict = '<span class="bad">something is off, but no single cause reaches the reporting floor</span>'
     ranks = f", ranks {', '.join(map(str, d.ranks))} merged" if d.ranks else ""
     return _section("summary", "Summary", (
-        f'<p class="big">P(healthy) = {p:.3f}</p><p>{verdict}</p>'
+        f'<p class="big">P(healthy) = {svg.probability(p)}</p><p>{verdict}</p>'
         f'<p class="muted">family {escape(t.family)}, steps {t.first_step}-{t.last_step}, {len(t.events)} events, '
         f'{len(t.layers)} monitored layers{escape(ranks)}; posterior from {escape(str(d.posterior.source))}</p>'))
 
@@ -141,7 +163,7 @@ def _event_map(d: ReportData) -> str:
         body.append(_facet(evs, t) if evs else '<p class="muted">no events</p>')
     shown = len({e.layer for e in t.events if e.layer is not None})
     note = (f'<p class="muted">Rows: the {shown} of {len(t.layers)} monitored layers with events, input side '
-            f'first; dashed lines link the first onset of a kind in each layer, in order (the propagation).</p>')
+            f'first; dashed lines link the first onset of a kind in each layer (dots), in order: the propagation.</p>')
     return _section("event-map", "Events by layer and step", svg.legend(_kinds(t.events)) + "".join(body) + note)
 
 
@@ -165,8 +187,8 @@ def _event_table(events) -> str:
                    for e in events[:MAX_EVIDENCE])
     more = (f"<tr><td colspan=6 class='muted'>... {len(events) - MAX_EVIDENCE} more events</td></tr>"
             if len(events) > MAX_EVIDENCE else "")
-    return ("<table><tr><th>kind</th><th>where</th><th>steps</th><th>count</th>"
-            + ("<th>rank</th>" if ranked else "") + "<th>severity</th></tr>" + rows + more + "</table>")
+    return ("<div class='scroll'><table><tr><th>kind</th><th>where</th><th>steps</th><th>count</th>"
+            + ("<th>rank</th>" if ranked else "") + "<th>severity</th></tr>" + rows + more + "</table></div>")
 
 
 def _hypotheses(d: ReportData) -> str:
@@ -174,8 +196,8 @@ def _hypotheses(d: ReportData) -> str:
         return _section("hypotheses", "Hypotheses", "<p>No hypothesis above the reporting floor.</p>")
     items = []
     for h in d.hypotheses:
-        items.append(f"<li><b>{escape(h.cause)} = {escape(h.state)}</b> (p = {h.probability:.3f})"
-                     f"<br>{escape(h.description)}<p class='fix'>Fix: {escape(h.suggested_fix)}</p>"
+        items.append(f"<li><b>{escape(h.cause)} = {escape(h.state)}</b> (p = {svg.probability(h.probability)})"
+                     f"<br>{rich(h.description)}<p class='fix'>Fix: {rich(h.suggested_fix)}</p>"
                      f"{_event_table(list(h.evidence)) if h.evidence else ''}</li>")
     return _section("hypotheses", "Hypotheses", "<ol class='hyps'>" + "".join(items) + "</ol>")
 
@@ -189,7 +211,7 @@ def _chain(d: ReportData) -> str:
         if c.empty:
             parts.append(f"<p class='muted'>{escape(c.reason)}</p>")
             continue
-        head = (f"{c.cause} = {c.state} (p = {c.probability:.2f})" if c.cause else "unexplained")
+        head = (f"{c.cause} = {c.state} (p = {svg.probability(c.probability)})" if c.cause else "unexplained")
         nodes = [f"<span class='node root'>{escape(head)}</span>"]
         evs = c.events
         nodes += [f"<span class='node'><span class='swatch' style='background:{svg.color(e.kind)}'></span>"
@@ -207,7 +229,8 @@ def render_html(source: Any, *, priors: Any = None, title: str | None = None,
     d = collect(source, priors, timeline_points)
     title = title or f"NeuralDBG report: {d.trace.family} run, steps {d.trace.first_step}-{d.trace.last_step}"
     body = "".join(f(d) for f in (_summary, _loss, _timeline, _event_map, _posterior, _hypotheses, _chain))
-    return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{escape(title)}</title>"
+    return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{escape(title)}</title>"
             f"<style>{_CSS}</style></head><body><h1>{escape(title)}</h1>{body}"
             f"<p class='muted'>Written by NeuralDBG from stored results; self-contained, no network.</p>"
             f"</body></html>\n")

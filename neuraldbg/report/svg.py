@@ -1,7 +1,10 @@
 """Inline SVG charts for the HTML report: plain strings, no plotting library, no network.
 
-Each function returns one ``<svg>`` element sized in CSS pixels. Colours are fixed per event
-kind (:data:`KIND_COLORS`) so the loss curve, the event map and the legend agree.
+Each function returns one ``<svg>`` element drawn in a :data:`WIDTH`-unit ``viewBox``; the
+page's CSS scales it down to narrow screens (never wider than :data:`WIDTH` CSS pixels).
+Colours are fixed per event kind (:data:`KIND_COLORS`) so the loss curve, the event map and
+the legend agree. Axis ticks are round numbers (:func:`nice_ticks`), decades on a log scale
+(:func:`decade_ticks`).
 """
 from __future__ import annotations
 
@@ -20,6 +23,12 @@ KIND_COLORS: dict[str, str] = dict(zip(ALL_EVENT_KINDS, (
 WIDTH = 920
 LEFT = 150   # room for layer names
 RIGHT = 20
+
+
+def probability(p: float) -> str:
+    """A probability as the report writes every one: two decimals, as in the hypotheses'
+    sentences (``p=0.77``)."""
+    return f"{p:.2f}"
 
 
 def color(kind: str) -> str:
@@ -63,8 +72,56 @@ def _axis(sx: StepScale, y: float, label: str = "step") -> list[str]:
 
 
 def _svg(height: float, body: Iterable[str], label: str) -> str:
+    # width/height give the drawn size on a wide screen; the page's CSS (max-width: 100%,
+    # height: auto) shrinks it with the viewBox's aspect ratio on a narrow one
     return (f'<svg role="img" aria-label="{escape(label)}" width="{WIDTH}" height="{_fmt(height)}" '
-            f'viewBox="0 0 {WIDTH} {_fmt(height)}">' + "".join(body) + "</svg>")
+            f'viewBox="0 0 {WIDTH} {_fmt(height)}" preserveAspectRatio="xMinYMin meet">' + "".join(body) + "</svg>")
+
+
+def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    """At most ``n + 1`` round values (steps of 1, 2 or 5 times a power of ten, the finest that
+    fits) covering ``lo..hi``: the first at or below ``lo``, the last at or above ``hi``."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise ValueError(f"tick range must be finite, got {lo}..{hi}")
+    if hi <= lo:
+        pad = abs(lo) * 0.1 or 1.0
+        lo, hi = lo - pad, hi + pad
+    mag = 10 ** math.floor(math.log10((hi - lo) / max(1, n)))
+    for step in (m * mag * 10 ** k for k in range(3) for m in (1, 2, 5)):
+        first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
+        if last - first <= n:
+            break
+    return [round(k * step, 12) for k in range(first, last + 1)]
+
+
+def decade_ticks(lo_exp: float, hi_exp: float, n: int = 6) -> list[int]:
+    """Powers of ten (as exponents) covering ``10**lo_exp..10**hi_exp``, every 1, 2, 5, 10...
+    decades so that there are at most about ``n`` of them."""
+    first, last = math.floor(lo_exp), math.ceil(hi_exp)
+    if last == first:
+        last += 1
+    every = next(m for m in (1, 2, 3, 5, 10, 20, 50, 100, 200, 500) if (last - first) / m <= n)
+    first = every * math.floor(first / every)
+    return list(range(first, last + every, every)) if (last - first) % every else list(range(first, last + 1, every))
+
+
+def number(v: float) -> str:
+    """A tick label: the shortest plain form (``0.5``, ``12``, ``2500``), scientific beyond."""
+    if v == 0:
+        return "0"
+    if 1e-3 <= abs(v) < 1e5:
+        return f"{v:.6g}"
+    m, e = f"{v:.2e}".split("e")
+    m = m.rstrip("0").rstrip(".")
+    return f"{m}e{int(e)}"
+
+
+def decade(e: int) -> str:
+    """The label of ``10**e``: ``0.01`` .. ``10000`` in plain digits, ``10`` with a superscript
+    exponent beyond."""
+    if -3 <= e <= 4:
+        return number(10.0 ** e)
+    return f'10<tspan dy="-5" font-size="9">{e}</tspan>'
 
 
 def loss_chart(history: Sequence[tuple[int, float]], events: Sequence[Event], lo: int, hi: int) -> str:
@@ -76,18 +133,20 @@ def loss_chart(history: Sequence[tuple[int, float]], events: Sequence[Event], lo
     vals = [v for _, v in finite]
     log = bool(vals) and min(vals) > 0 and max(vals) / min(vals) > 100
     f = (lambda v: math.log10(v)) if log else (lambda v: v)
-    ymin, ymax = (min(map(f, vals)), max(map(f, vals))) if vals else (0.0, 1.0)
-    if ymax - ymin < 1e-12:
-        ymin, ymax = ymin - 0.5, ymax + 0.5
+    if log:
+        ticks = [float(e) for e in decade_ticks(min(map(f, vals)), max(map(f, vals)))]
+        labels = [decade(int(e)) for e in ticks]
+    else:
+        ticks = nice_ticks(min(vals), max(vals), 5) if vals else [0.0, 0.5, 1.0]
+        labels = [number(t) for t in ticks]
+    ymin, ymax = ticks[0], ticks[-1]
 
     def sy(v: float) -> float:
         return bottom - (f(v) - ymin) / (ymax - ymin) * (bottom - top - 10)
 
     body = _axis(sx, bottom)
-    for frac in (0.0, 0.5, 1.0):
-        yv = ymin + frac * (ymax - ymin)
-        y = bottom - frac * (bottom - top - 10)
-        text = f"{10 ** yv:.3g}" if log else f"{yv:.3g}"
+    for yv, text in zip(ticks, labels):
+        y = bottom - (yv - ymin) / (ymax - ymin) * (bottom - top - 10)
         body.append(f'<line x1="{LEFT}" y1="{_fmt(y)}" x2="{WIDTH - RIGHT}" y2="{_fmt(y)}" stroke="#eee"/>'
                     f'<text x="{LEFT - 6}" y="{_fmt(y + 4)}" text-anchor="end" class="tick">{text}</text>')
     body.append(f'<text x="8" y="{_fmt(top + 4)}" class="tick">loss{" (log)" if log else ""}</text>')
@@ -169,8 +228,14 @@ def event_map(events: Sequence[Event], layers: Sequence[str], lo: int, hi: int,
         pts = [(sx(s + 0.5), y_of[r if r is not None else "(loss)"] + row_h[r if r is not None else "(loss)"] / 2)
                for r, s in order if (r if r is not None else "(loss)") in y_of]
         if len(pts) > 1:
-            body.append('<polyline class="propagation" points="' + " ".join(f"{_fmt(a)},{_fmt(b)}" for a, b in pts)
-                        + '" fill="none" stroke="#333" stroke-width="1" stroke-dasharray="2 2"/>')
+            # drawn over the cells, dark and wide enough to read at half scale (a narrow screen),
+            # with a dot on each onset it links
+            line = " ".join(f"{_fmt(a)},{_fmt(b)}" for a, b in pts)
+            body.append(f'<polyline class="propagation-halo" points="{line}" fill="none" stroke="#fff" '
+                        f'stroke-width="5" stroke-opacity="0.8"/>'
+                        f'<polyline class="propagation" points="{line}" fill="none" stroke="#111" '
+                        f'stroke-width="2.2" stroke-dasharray="7 4"/>'
+                        + "".join(f'<circle cx="{_fmt(a)}" cy="{_fmt(b)}" r="3.5" fill="#111"/>' for a, b in pts))
     body += _axis(sx, y + 2)
     return _svg(y + 34, body, "layer by step map of events")
 
@@ -187,7 +252,7 @@ def bars(rows: Sequence[tuple[str, float, bool]]) -> str:
                     f'<rect x="{x0}" y="{_fmt(y)}" width="{_fmt(x1 - x0)}" height="16" fill="#f3f3f3"/>'
                     f'<rect class="bar" x="{x0}" y="{_fmt(y)}" width="{_fmt(max(0.0, min(1.0, p)) * (x1 - x0))}" '
                     f'height="16" fill="{col}"/>'
-                    f'<text x="{_fmt(x1 + 6)}" y="{_fmt(y + 13)}" class="tick">{p:.3f}</text>')
+                    f'<text x="{_fmt(x1 + 6)}" y="{_fmt(y + 13)}" class="tick">{probability(p)}</text>')
     return _svg(h, body, "posterior probabilities")
 
 

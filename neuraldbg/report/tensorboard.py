@@ -16,6 +16,16 @@ from neuraldbg.report.timeline import MAX_POINTS, posterior_timeline
 from neuraldbg.trace import Trace
 
 
+def p_healthy_tag(prefix: str = "neuraldbg") -> str:
+    """The scalar tag of ``P(healthy)`` (also the key the framework callbacks log it under)."""
+    return f"{prefix}/p_healthy"
+
+
+def state_tag(prefix: str, cause: str, state: str) -> str:
+    """The scalar tag of ``P(cause = state)``."""
+    return f"{prefix}/hypothesis/{cause}={state}"
+
+
 def diagnosis_markdown(trace: Trace, priors: Any = None, top: int = 3) -> str:
     """The diagnosis as Markdown (TensorBoard's text plugin renders it)."""
     from neuraldbg.causal import api
@@ -24,8 +34,11 @@ def diagnosis_markdown(trace: Trace, priors: Any = None, top: int = 3) -> str:
     hyps = api.hypotheses(trace, priors)
     lines = [f"**P(healthy) = {post.p_healthy:.3f}** ({len(trace.events)} events, steps "
              f"{trace.first_step}-{trace.last_step}, family {trace.family})", ""]
-    if not hyps:
-        lines.append("No hypothesis above the reporting floor: the run looks healthy.")
+    if post.is_healthy:
+        lines.append("No failure found: the run is healthy (P(healthy) >= 0.5)."
+                     + (" Weaker leads:" if hyps else ""))
+    elif not hyps:
+        lines.append("Something is off (P(healthy) < 0.5), but no single cause reaches the reporting floor.")
     for i, h in enumerate(hyps[:top], 1):
         lines += [f"{i}. {h.description}", f"   *fix:* {h.suggested_fix}"]
     return "\n".join(lines)
@@ -55,9 +68,9 @@ def to_tensorboard(source: Any, writer: Any, *, priors: Any = None, top: int = 3
         chosen = [(v, s) for v, s, _ in final.abnormal()[:top]]
     points = posterior_timeline(trace, pri, max_points=max_points)
     for pt in points:
-        writer.add_scalar(f"{prefix}/p_healthy", pt.p_healthy, pt.step)
+        writer.add_scalar(p_healthy_tag(prefix), pt.p_healthy, pt.step)
         for cause, state in chosen:
-            writer.add_scalar(f"{prefix}/hypothesis/{cause}={state}", pt.probability(cause, state), pt.step)
+            writer.add_scalar(state_tag(prefix, cause, state), pt.probability(cause, state), pt.step)
     writer.add_text(f"{prefix}/diagnosis", diagnosis_markdown(trace, pri, top=max(top, 1)), trace.last_step)
     if hasattr(writer, "flush"):
         writer.flush()

@@ -136,7 +136,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Fit and write the likelihood file; a bad folder or record raises ``ValueError`` /
     ``FileNotFoundError``, which the command line reports as one line."""
+    from neuraldbg.jsonio import new_folders
+
     data = fit_file(args.runs, args.ess)
+    created = new_folders(args.out)
     write_json_atomic(args.out, data)
-    print(f"{data['provenance']['tests']} tests from {len(args.runs)} folder(s) -> {args.out}")
+    made = f" (created {', '.join(created)})" if created else ""
+    print(f"{data['provenance']['tests']} tests from {len(args.runs)} folder(s) -> {args.out}{made}")
     return 0

@@ -2,6 +2,9 @@
 task, pre-generated batches, and the plain monitored loop the callbacks are compared with."""
 from __future__ import annotations
 
+import logging
+import sys
+
 import torch
 from torch.nn import functional as F
 
@@ -56,3 +59,12 @@ def top_cause(dbg) -> tuple[str, str] | None:
     """``(cause, state)`` of the top hypothesis, ``None`` when there is none."""
     hyps = dbg.get_causal_hypotheses()
     return (hyps[0].cause, hyps[0].state) if hyps else None
+
+
+def log_to_stderr() -> None:
+    """What an application of a distributed test does: the ``neuraldbg`` logger on stderr, at
+    INFO, in every process (the test counts what each rank printed)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    logging.getLogger("neuraldbg").addHandler(handler)
+    logging.getLogger("neuraldbg").setLevel(logging.INFO)

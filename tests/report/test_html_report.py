@@ -48,6 +48,16 @@ class Page(HTMLParser):
     def section_text(self, sid) -> str:
         return " ".join(self.text.get(sid, []))
 
+    def prose(self, sid) -> str:
+        """The section's text as a reader sees it: the chunks of inline elements (``<code>``)
+        joined without the parser's seams, runs of spaces as one."""
+        return re.sub(r"\s+", " ", "".join(self.text.get(sid, [])))
+
+
+def plain(sentence: str) -> str:
+    """An engine sentence as the page shows it: its ```name``` spans are set as code."""
+    return sentence.replace("`", "")
+
 
 @pytest.fixture(scope="module")
 def lr_run():
@@ -88,8 +98,8 @@ def test_every_section_of_a_failed_run(lr_run):
                                                                           if v != "healthy")
     # the ranked hypotheses with their fixes and evidence
     hyps = dbg.get_causal_hypotheses()
-    htext = page.section_text("hypotheses")
-    assert hyps and all(h.suggested_fix in htext and h.description in htext for h in hyps)
+    htext = page.prose("hypotheses")
+    assert hyps and all(plain(h.suggested_fix) in htext and plain(h.description) in htext for h in hyps)
     assert len(page.in_section("hypotheses", "li")) == len(hyps)
     assert page.in_section("hypotheses", "table")
     # the causal chain, from the root cause through the first event
@@ -99,6 +109,20 @@ def test_every_section_of_a_failed_run(lr_run):
     assert f"in {chain.first_layer} at step {chain.first_step}" in ctext
     assert "P(healthy)" in page.section_text("timeline")
     assert "learning_rate=too_high" in page.section_text("timeline")
+
+
+def test_backticks_are_rendered_as_code_and_probabilities_share_one_format(lr_run):
+    """Regression: the engine's sentences showed their backticks literally (`` `0` ``), and a
+    card said p = 0.999 next to its sentence's p=1.00."""
+    text = render_html(lr_run.dbg)
+    page = Page(text)
+    assert "`" not in "".join(page.text.get("hypotheses", [])) + "".join(page.text.get("summary", []))
+    top = lr_run.dbg.get_causal_hypotheses()[0]
+    assert f"<code>{top.origin_layer}</code>" in text
+    card = re.search(r"<li><b>[^<]*</b> \(p = ([0-9.]+)\)", text).group(1)
+    assert f"p={card}" in top.description  # the card and its sentence: one number, two decimals
+    bars = [t for t in page.text["posterior"] if re.fullmatch(r"\d\.\d+", t)]
+    assert bars and all(re.fullmatch(r"\d\.\d\d", t) for t in bars)
 
 
 def test_a_healthy_run_says_so(tmp_path):
@@ -184,3 +208,17 @@ def test_cli_report_single_and_merged(tmp_path, capsys):
     assert "unknown family 'nope'; valid: mlp" in capsys.readouterr().err
     assert main(["report", paths[0], "-o", str(tmp_path / "z.html"), "--family", "cnn"]) == 0
     assert "posterior from cnn.json" in (tmp_path / "z.html").read_text(encoding="utf-8")
+
+
+def test_the_verdict_is_the_library_one(lr_run):
+    """The summary says "no failure found" exactly when P(healthy) >= 0.5 (docs/api.md), listing
+    a hypothesis above the floor as a weaker lead rather than as the verdict."""
+    from neuraldbg.causal.types import Posterior
+    from neuraldbg.report.html import ReportData, _summary
+
+    hyp = dataclasses.replace(lr_run.dbg.get_causal_hypotheses()[0], probability=0.42)
+    for p_healthy, expect in ((0.57, "no failure found (the hypotheses below are weaker leads)"),
+                              (0.3, hyp.description.replace("`", ""))):
+        post = Posterior({"learning_rate": {"ok": 0.58, "too_high": 0.42, "too_low": 0.0}}, p_healthy)
+        d = ReportData(trace=lr_run.dbg.trace(), posterior=post, hypotheses=(hyp,), chains=(), timeline=(), ranks=())
+        assert expect in Page(_summary(d)).prose("summary")
