@@ -124,7 +124,7 @@ class CNNTrainer(Trainer):
 
     def forward_backward(self, step: int) -> torch.Tensor:
         x, y = self.inj.apply_batch(self.data.batch(step), step)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.inj.zero_grad(self.optimizer, step)
         loss = F.cross_entropy(self.model(x), y)
         loss.backward()
         return loss

@@ -143,14 +143,14 @@ class DCGANTrainer(Trainer):
         z = torch.randn(real.shape[0], self.cfg.z_dim, generator=self.zgen)
         ones, zeros = torch.ones(real.shape[0]), torch.zeros(real.shape[0])
         # discriminator: real -> 1, fake -> 0
-        self.optimizer_d.zero_grad(set_to_none=True)
+        self.inj.zero_grad(self.optimizer_d, step)
         fake = self.G(z)
         logits_d = self.D(torch.cat([real, fake.detach()]))  # one pass over both halves
         loss_d = 2 * F.binary_cross_entropy_with_logits(logits_d, torch.cat([ones, zeros]))
         loss_d.backward()
         self.optimizer_d.step()
         # generator: fool the (just updated) discriminator
-        self.optimizer.zero_grad(set_to_none=True)
+        self.inj.zero_grad(self.optimizer, step)
         logits = self.D(fake)
         if self.cfg.saturating:  # minimise log(1 - D(G(z))) = -softplus(logit)
             loss_g = -F.softplus(logits).mean()
@@ -170,7 +170,7 @@ class DCGANTrainer(Trainer):
 SPEC = register_arch(ArchSpec(
     name="dcgan", family="gan", config=DCGANConfig, trainer=DCGANTrainer,
     task="generate 16x16 shapes (square, disc, plus, triangle); progress = sample distance",
-    input_layer="discriminator.conv1",
+    input_layer="discriminator.conv1", loop_layer="generator.fc",
     progress=("sample_distance", "down"),
     notes="architecture fault: gan_vanishing (saturating minimax loss)",
 ))

@@ -129,7 +129,7 @@ class DDPMTrainer(Trainer):
         eps = torch.randn(x0.shape, generator=self.gen)
         ab = self.abar[t][:, None, None, None]
         xt = ab.sqrt() * x0 + (1 - ab).sqrt() * eps  # (B, 1, 8, 8)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.inj.zero_grad(self.optimizer, step)
         loss = F.mse_loss(self.model(xt, t), eps)
         loss.backward()
         return loss

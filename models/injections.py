@@ -25,7 +25,8 @@ from typing import Callable
 import torch
 
 from models.registry import ArchSpec, get_arch
-from neuraldbg.faults import ONSET_FRAC, SYMPTOMS, Injection, corrupt_rows, rescale  # noqa: F401  (re-exported)
+from neuraldbg.faults import (ONSET_FRAC, SYMPTOMS, Injection, corrupt_rows, detach_output,  # noqa: F401
+                              drop_from_optimizer, rescale, softmax_output)
 
 # ----------------------------------------------------------------------------------------
 # the registry
@@ -213,6 +214,78 @@ register_injection(Injection(
     description="one batch at the onset has a NaN in its regression target",
     why="the NaN enters with the target, not the input: every monitored input is finite",
     batch=_nan_target,
+))
+
+# ----------------------------------------------------------------------------------------
+# loop bugs (root ``training_loop``): the model, data and hyper-parameters are the healthy
+# ones; the training loop around them is wrong from the first step
+
+
+def _loop_layer(spec: ArchSpec) -> str | None:
+    return spec.loop_layer or spec.input_layer
+
+
+def _optimizers(trainer) -> list[torch.optim.Optimizer]:
+    """Every optimizer the trainer holds (a GAN has two)."""
+    return [v for v in vars(trainer).values() if isinstance(v, torch.optim.Optimizer)]
+
+
+def _optimizer_misses_layer(trainer, inj: Injection) -> None:
+    """Trainer hook: no optimizer holds the loop layer's parameters (built on a hand-picked
+    subset, or before that layer was replaced)."""
+    layer = trainer.model.get_submodule(inj.layer)
+    if not sum(drop_from_optimizer(opt, layer) for opt in _optimizers(trainer)):
+        raise ValueError(f"{inj.arch}: no optimizer holds the parameters of {inj.layer!r}")
+
+
+def _detach_layer(trainer, inj: Injection) -> None:
+    """Trainer hook: the loop layer's output is detached (computed under ``no_grad``)."""
+    detach_output(trainer.model.get_submodule(inj.layer))
+
+
+def _softmax_logits(trainer, inj: Injection) -> None:
+    """Trainer hook: the model ends in a softmax, in front of the trainer's cross-entropy."""
+    softmax_output(trainer.model)
+
+
+#: architectures of the loop bugs: every one whose loop is a plain optimizer step (LoRA's
+#: frozen base has no layer to cut out; the softmax only where a cross-entropy reads the
+#: model's own output)
+LOOP_ARCHS = ("mlp", "cnn", "lstm", "gnn", "transformer", "diffusion", "dcgan", "rl")
+SOFTMAX_ARCHS = ("mlp", "cnn", "gnn", "transformer", "lora")
+
+register_injection(Injection(
+    name="zero_grad_missing", archs=LOOP_ARCHS + ("lora",), truth=("training_loop", "stale_gradients"),
+    symptom="none",
+    description="optimizer.zero_grad() is never called: every backward adds to the gradients of all steps before",
+    why="model, data and learning rate are the healthy ones; only the loop's zero_grad is gone",
+    skip_zero_grad=True,
+))
+
+register_injection(Injection(
+    name="optimizer_misses_layer", archs=LOOP_ARCHS, truth=("training_loop", "params_not_in_optimizer"),
+    layer_of=_loop_layer, symptom="none",
+    description="the optimizer holds every parameter but those of the first layer (built on a subset, "
+                "or before that layer was replaced)",
+    why="the layer still gets its gradients; no optimizer applies them, so it stays at its init",
+    trainer=_optimizer_misses_layer,
+))
+
+register_injection(Injection(
+    name="layer_detached", archs=LOOP_ARCHS, truth=("training_loop", "graph_detached"),
+    layer_of=_loop_layer, symptom="none",
+    description="the first layer's output is .detach()ed (as if computed under torch.no_grad())",
+    why="the layer runs and its optimizer holds it, but no gradient reaches it through the cut",
+    trainer=_detach_layer,
+))
+
+register_injection(Injection(
+    name="softmax_before_ce", archs=SOFTMAX_ARCHS, truth=("training_loop", "loss_on_probabilities"),
+    symptom="worse",
+    description="the model ends in nn.Softmax in front of CrossEntropyLoss (probabilities taken for logits)",
+    why="the loss applies its own log-softmax to probabilities: its gradient shrinks and the loss "
+        "cannot fall below ln(1 + (K-1)/e)",
+    trainer=_softmax_logits,
 ))
 
 #: data faults only archs with class labels can take (``ArchSpec.labels_at``; ``nan_target``

@@ -148,7 +148,7 @@ class LoRATrainer(Trainer):
         x, y = self.text_b.batch(self.cfg.batch_size, self.cfg.base.block_size)
         pad = torch.zeros_like(x, dtype=torch.bool)
         x, y, pad = self.inj.apply_batch((x, y, pad), step)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.inj.zero_grad(self.optimizer, step)
         loss = lm_loss(self.model, x, y, pad)
         loss.backward()
         return loss

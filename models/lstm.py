@@ -100,7 +100,7 @@ class LSTMTrainer(Trainer):
 
     def forward_backward(self, step: int) -> torch.Tensor:
         x, y = self.inj.apply_batch(self.data.batch(step), step)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.inj.zero_grad(self.optimizer, step)
         b = self.cfg.burn_in
         loss = F.mse_loss(self.model(x)[:, b:], y[:, b:])
         loss.backward()

@@ -128,7 +128,7 @@ class MLPTrainer(Trainer):
     def forward_backward(self, step: int) -> torch.Tensor:
         x, y = self.inj.apply_batch(self.data.batch(step), step)
         x, y = x.to(self.device), y.to(self.device)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.inj.zero_grad(self.optimizer, step)
         loss = F.cross_entropy(self.forward(x), y)
         loss.backward()
         return loss

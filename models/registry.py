@@ -123,6 +123,9 @@ class ArchSpec:
     task: str  # one line: the healthy task
     input_layer: str | None = None  # first leaf module that sees the data (data faults)
     unstable_layer: str | None = None  # first leaf module of the unstable variant
+    #: the module the loop bugs cut out of training (an optimizer without it, its output
+    #: detached); ``input_layer`` unless that one's weights are tied to another module's
+    loop_layer: str | None = None
     labels_at: int | None = None  # position of the class labels in a batch (label faults)
     targets_at: int | None = None  # position of a float regression target in a batch
     progress: tuple[str, str] = ("loss", "down")  # the series a healthy run improves

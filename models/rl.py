@@ -188,7 +188,7 @@ class PPOTrainer(Trainer):
         idx = self.queue.pop(0)
         b = {k: v[idx] for k, v in self.buf.items()}
         adv = (b["adv"] - b["adv"].mean()) / (b["adv"].std() + 1e-8)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.inj.zero_grad(self.optimizer, step)
         logits, value = self.model(b["obs"])
         logp_all = torch.log_softmax(logits, -1)
         logp = logp_all.gather(1, b["act"][:, None]).squeeze(1)

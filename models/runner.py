@@ -108,15 +108,18 @@ def make_monitor(monitor: Any, model: nn.Module, optimizer: Any, fam: str, defau
     """``None`` for no monitor, else a ``NeuralDbg`` on ``model`` (lazy import).
 
     ``monitor`` is ``None``/``False``, ``True`` or a dict of ``NeuralDbg`` keyword arguments;
-    ``family`` defaults to ``fam``, ``optimizer`` to the run's main optimizer, and any other
-    argument to ``defaults`` (what the run itself offers: ``Trainer.monitor_defaults``)."""
+    ``family`` defaults to ``fam`` and any other argument to ``defaults`` (what the run itself
+    offers: ``Trainer.monitor_defaults``). The monitor finds the optimizers itself, as it does
+    for a user who passes none; ``optimizer`` is handed over only with ``snapshots``, whose
+    first snapshot is taken before any optimizer has stepped (docs/verification.md)."""
     if monitor is None or monitor is False:
         return None
     from neuraldbg import NeuralDbg  # lazy: the zoo runs without the monitor
 
     kwargs = {**(defaults or {}), **({} if monitor is True else dict(monitor))}
     kwargs.setdefault("family", fam)
-    kwargs.setdefault("optimizer", optimizer)
+    if kwargs.get("snapshots"):
+        kwargs.setdefault("optimizer", optimizer)
     return NeuralDbg(model, **kwargs)
 
 
@@ -172,6 +175,7 @@ def run(
     with scoped(seed, threads):
         t_setup = time.perf_counter()
         trainer = spec.trainer(cfg, seed, inj)
+        inj.apply_trainer(trainer)
         setup_time = time.perf_counter() - t_setup
         dbg = make_monitor(monitor, trainer.model, trainer.optimizer, spec.family, trainer.monitor_defaults())
         track_trainer(dbg, trainer)

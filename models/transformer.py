@@ -251,7 +251,7 @@ class TransformerTrainer(Trainer):
         record = step % self.signal_every == 0
         for m in self._softmaxes:
             m._record = record
-        self.optimizer.zero_grad(set_to_none=True)
+        self.inj.zero_grad(self.optimizer, step)
         loss = lm_loss(self.model, x, y, pad)
         loss.backward()
         return loss
@@ -271,7 +271,7 @@ class TransformerTrainer(Trainer):
 SPEC = register_arch(ArchSpec(
     name="transformer", family="transformer", config=TransformerConfig, trainer=TransformerTrainer,
     task="next-char prediction on a generated word-level Markov language (28 chars)",
-    input_layer="wte", unstable_layer="blocks.0.ln_1", labels_at=1,
+    input_layer="wte", loop_layer="wpe", unstable_layer="blocks.0.ln_1", labels_at=1,
     symptoms={"init_too_large": "worse", "lr_too_high": "worse"},
     notes="arch_unstable: 4 blocks without residual connections (rank collapse, vanishing)",
 ))

@@ -8,7 +8,12 @@ ground-truth root cause ``truth`` as a ``(variable, abnormal state)`` pair of
 - ``config(cfg) -> cfg``        before anything is built (learning rate, init gain, depth);
 - ``model(model, cfg, trainer)`` after the model is built (e.g. scale the weights);
 - ``batch(batch, step, inj) -> batch`` on every batch drawn (``batch[0]`` is the model input);
-- ``optimizer(opt, step, inj)`` before every optimizer step.
+- ``optimizer(opt, step, inj)`` before every optimizer step;
+- ``trainer(trainer, inj)``     once the trainer (model *and* optimizer) is built: loop bugs
+  such as an optimizer that misses part of the model.
+
+A loop fault may also set ``skip_zero_grad``: the trainers clear gradients through
+:meth:`Injection.zero_grad`, which then never clears them (``zero_grad()`` forgotten).
 
 Registered injections are *unbound*; :meth:`Injection.bind` fixes the architecture, the onset
 and the layer for one run and gives the copy its own one-shot state. The model zoo
@@ -59,6 +64,8 @@ class Injection:
     model: Callable[[Any, Any, Any], None] | None = None
     batch: Callable[[tuple, int, "Injection"], tuple] | None = None
     optimizer: Callable[[Any, int, "Injection"], None] | None = None
+    trainer: Callable[[Any, "Injection"], None] | None = None
+    skip_zero_grad: bool = False  # zero_grad() is never called (stale gradients)
     one_shot: bool = False  # batch fault fires on one batch only (the first at/after onset)
     # -- set by bind() --
     arch: str | None = None
@@ -132,6 +139,18 @@ class Injection:
         if self.optimizer:
             self.optimizer(optimizer, step, self)
 
+    def apply_trainer(self, trainer: Any) -> None:
+        """Modify the built trainer (model and optimizer) in place: the loop bugs."""
+        if self.trainer:
+            self.trainer(trainer, self)
+
+    def zero_grad(self, optimizer: Any, step: int) -> None:
+        """Clear ``optimizer``'s gradients as a trainer does before its backward, unless this
+        fault is a forgotten ``zero_grad()`` in effect at ``step``."""
+        if self.skip_zero_grad and self.active(step):
+            return
+        optimizer.zero_grad(set_to_none=True)
+
 
 # ---- the edits faults are made of -----------------------------------------------------
 
@@ -166,3 +185,41 @@ def corrupt_entries(x: torch.Tensor, value: float, gen: torch.Generator, frac: f
 def rescale(x: torch.Tensor, factor: float = RESCALE) -> torch.Tensor:
     """``x`` in other units: multiplied by ``factor`` (a new tensor)."""
     return x * factor
+
+
+# ---- the loop bugs' edits (the ``training_loop`` faults) ---------------------------------
+
+
+def drop_from_optimizer(optimizer: torch.optim.Optimizer, module: nn.Module) -> int:
+    """Remove ``module``'s parameters from every param group of ``optimizer`` (built before the
+    model was final, or on a hand-picked subset); returns how many parameters were dropped
+    (0 when the optimizer holds none of them)."""
+    ids = {id(p) for p in module.parameters()}
+    dropped = 0
+    for g in optimizer.param_groups:
+        kept = [p for p in g["params"] if id(p) not in ids]
+        dropped += len(g["params"]) - len(kept)
+        g["params"] = kept
+    return dropped
+
+
+def _detached(out: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return out.detach()
+    if isinstance(out, tuple):
+        return tuple(_detached(o) for o in out)
+    return out
+
+
+def detach_output(module: nn.Module) -> Any:
+    """Cut ``module`` from the loss: its output is ``.detach()``ed (an embedding detached, a
+    feature extractor run under ``no_grad``), so its parameters never receive a gradient.
+    A forward hook that returns the detached output; the handle removes it."""
+    return module.register_forward_hook(lambda m, args, out: _detached(out))
+
+
+def softmax_output(module: nn.Module, dim: int = -1) -> Any:
+    """Make ``module`` end in ``nn.Softmax``: its logits come out as probabilities, which a
+    log-softmax loss (``CrossEntropyLoss``) then treats as logits. A forward hook; the handle
+    removes it."""
+    return module.register_forward_hook(lambda m, args, out: torch.softmax(out, dim=dim))

@@ -141,6 +141,8 @@ def run(arch: str, injection: Any = "healthy", seed: int = 0, steps: int | None 
         if fault.gain != 1.0:
             scale_weights(task.model, fault.gain)
         opt = adamw(task.model, task.lr * fault.lr_factor)
+        if fault.setup is not None:
+            fault.setup(task, inj.layer, opt)
         sched = (task.scheduler or torch_scheduler)(opt, warmup_steps(n), n)
         params = [p for p in task.model.parameters() if p.requires_grad]
         micro = max(1, task.batch_size // accum)  # same examples per optimizer step
@@ -156,7 +158,8 @@ def run(arch: str, injection: Any = "healthy", seed: int = 0, steps: int | None 
             for step in range(n):
                 if dbg is not None:
                     dbg.step = step  # the optimizer step: micro-batches add up inside it
-                opt.zero_grad(set_to_none=True)
+                if not fault.skip_zero_grad:
+                    opt.zero_grad(set_to_none=True)
                 micro_losses = []
                 for _ in range(accum):
                     bt = task.batch(micro)
@@ -218,7 +221,8 @@ def _replay(task: Any, fault: Fault, sched: Any, params: list, cached: list, bf1
     corrupts the embedding, which has to be computed by the model as it is now."""
 
     def replay(model: Any, optimizer: Any, step: int) -> torch.Tensor:
-        optimizer.zero_grad(set_to_none=True)
+        if not fault.skip_zero_grad:
+            optimizer.zero_grad(set_to_none=True)
         micro = []
         for clean, gen_state in cached[step]:
             bt = clean if gen_state is None else fault.batch(clean, task, torch.Generator().set_state(gen_state))

@@ -21,6 +21,13 @@ Where each applies (see ``applies``):
 - ``labels_shuffled``: archs with labels (classes, node blocks, next tokens: an LM's label
   rows are permuted across the batch).
 - ``deep_unnormalized``: archs that have a deep variant (not the LoRA fine-tunes).
+- the loop bugs (root ``training_loop``): ``zero_grad_missing`` on every arch;
+  ``optimizer_misses_layer`` (the optimizer built without the first weight layer) on every
+  arch that trains its own weights (not the LoRA fine-tunes, whose base is frozen);
+  ``layer_detached`` (the first weight layer's output detached) where that layer's weight is not
+  tied to an output head (not GPT-2 and Llama, not LoRA); ``softmax_before_ce`` where the
+  cross-entropy reads the model's own output (the PyG models and the plain encoder; a
+  ``transformers`` model computes its loss inside its forward).
 """
 from __future__ import annotations
 
@@ -30,7 +37,8 @@ from typing import Callable
 import torch
 
 from benchmarks.ecosystem.training import Batch, EcoArch, Task
-from neuraldbg.faults import ONSET_FRAC, RESCALE, Injection, corrupt_entries, rescale  # noqa: F401
+from neuraldbg.faults import (ONSET_FRAC, RESCALE, Injection, corrupt_entries, detach_output,  # noqa: F401
+                              drop_from_optimizer, rescale, softmax_output)
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,9 @@ class Fault:
     deep: bool = False
     batch: Callable[[Batch, Task, torch.Generator], Batch] | None = None
     one_shot: bool = False  # the batch fault hits one batch only
+    #: a loop bug: edits the built task and its optimizer (``setup(task, layer, optimizer)``)
+    setup: Callable[[Task, str | None, torch.optim.Optimizer], None] | None = None
+    skip_zero_grad: bool = False  # a loop bug: optimizer.zero_grad() is never called
 
 
 # ----------------------------------------------------------------------------------------
@@ -106,6 +117,25 @@ def _init(a: EcoArch) -> str | None:
     return a.init_layer
 
 
+def _drop_layer(task: Task, layer: str | None, opt: torch.optim.Optimizer) -> None:
+    if not drop_from_optimizer(opt, task.model.get_submodule(layer or "")):
+        raise ValueError(f"the optimizer holds no parameter of {layer!r}")
+
+
+def _detach_layer(task: Task, layer: str | None, opt: torch.optim.Optimizer) -> None:
+    detach_output(task.model.get_submodule(layer or ""))
+
+
+def _softmax(task: Task, layer: str | None, opt: torch.optim.Optimizer) -> None:
+    softmax_output(task.model)
+
+
+#: archs whose first weight layer is tied to an output head: detaching its output still leaves
+#: the weight a gradient through the head, so the fault would not be the one named
+_TIED = ("hf_gpt2", "hf_llama")
+_CE_ON_OUTPUT = ("pyg_gcn", "pyg_gat", "pyg_sage", "torch_encoder")
+
+
 FAULTS: dict[str, Fault] = {f.name: f for f in [
     Fault("healthy", None, "no fault: the recipe as is", onset_frac=None),
     Fault("lr_x100", ("learning_rate", "too_high"), "base learning rate x100, schedule kept",
@@ -140,6 +170,19 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "a 16-block variant with every normalization layer replaced by nn.Identity",
           applies=lambda a: a.deep_layer is not None, layer_of=lambda a: a.deep_layer, deep=True,
           symptom="stuck"),
+    Fault("zero_grad_missing", ("training_loop", "stale_gradients"),
+          "optimizer.zero_grad() is never called: the gradients of every step add up",
+          skip_zero_grad=True),
+    Fault("optimizer_misses_layer", ("training_loop", "params_not_in_optimizer"),
+          "the optimizer holds every trainable parameter but the first weight layer's",
+          applies=lambda a: a.family != "lora", layer_of=_init, setup=_drop_layer),
+    Fault("layer_detached", ("training_loop", "graph_detached"),
+          "the first weight layer's output is .detach()ed (as if computed under torch.no_grad())",
+          applies=lambda a: a.family != "lora" and a.name not in _TIED, layer_of=_init,
+          setup=_detach_layer),
+    Fault("softmax_before_ce", ("training_loop", "loss_on_probabilities"),
+          "the model ends in a softmax in front of the cross-entropy",
+          applies=lambda a: a.name in _CE_ON_OUTPUT, setup=_softmax, symptom="worse"),
 ]}
 
 
