@@ -53,8 +53,8 @@ def _explain_parser(sub: Any) -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "explain", help="rank the root causes of an exported session (offline)",
-        description="Print the ranked hypotheses, causal chains and posterior of one or more "
-                    "sessions written by dbg.export_aquarium_package(path).")
+        description="Print the verdict, ranked hypotheses, causal chains, what was not observed (and why) "
+                    "and the posterior of one or more sessions written by dbg.save_session(path).")
     p.add_argument("sessions", nargs="+", metavar="SESSION.json", help="exported session file(s)")
     p.add_argument("-f", "--failure-type", choices=list(FAILURE_TYPES), default=None,
                    help="only hypotheses explaining this failure type, and its chain")
@@ -316,8 +316,8 @@ def _report_parser(sub: Any) -> argparse.ArgumentParser:
         "report", help="write a self-contained HTML report of a session",
         description="Write one HTML page (inline SVG, no network) with the loss curve and its events, "
                     "the layer-by-step event map, the posterior, the hypotheses with their fixes and the "
-                    "causal chain. Several sessions (one per rank of a distributed job) are merged first; "
-                    "the event map then has one facet per rank.")
+                    "causal chain, and what the diagnosis did not observe. Several sessions (one per rank of "
+                    "a distributed job) are merged first; the event map then has one facet per rank.")
     p.add_argument("sessions", nargs="+", metavar="SESSION.json", help="exported session file(s)")
     p.add_argument("-o", "--output", default="report.html", metavar="FILE",
                    help="HTML file to write (default report.html)")
