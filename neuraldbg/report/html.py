@@ -47,7 +47,7 @@ svg{max-width:100%;height:auto;display:block}.scroll{overflow-x:auto;max-width:1
 code{font:12.5px ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;background:#f1f1f1;padding:0 3px;
 border-radius:3px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;border-bottom:1px solid #ddd;padding-bottom:3px;margin-top:28px}
-h3{font-size:14px;margin:14px 0 4px}.muted{color:#666}.big{font-size:30px;font-weight:600}
+h3{font-size:14px;margin:14px 0 4px}.muted{color:#666}.muted a{color:inherit}.big{font-size:30px;font-weight:600}
 .ok{color:#2e7d32}.bad{color:#c62828}svg text{font:11px system-ui,sans-serif;fill:#333}
 svg .layer{font-size:11px}ol.hyps>li{margin:0 0 14px}.fix{background:#f4f8ec;padding:4px 8px;border-radius:4px}
 table{border-collapse:collapse;font-size:12px;margin-top:4px}td,th{border-bottom:1px solid #eee;padding:2px 8px;
@@ -118,7 +118,7 @@ def _seen(d: ReportData) -> str:
                      + (f" ({len(cov.gaps())} missed by the monitor)" if cov.gaps() else ""))
     if cov.internal_errors:
         parts.append(f'<span class="warn">{escape(coverage_text.errors_sentence(cov.internal_errors))}</span>')
-    return f"<p>{'; '.join(parts)}</p>" if parts else ""
+    return f"<p class=\"muted\">{'; '.join(parts)}</p>" if parts else ""
 
 
 def _summary(d: ReportData) -> str:
