@@ -53,8 +53,8 @@ def _explain_parser(sub: Any) -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "explain", help="rank the root causes of an exported session (offline)",
-        description="Print the ranked hypotheses, causal chains and posterior of one or more "
-                    "sessions written by dbg.export_aquarium_package(path).")
+        description="Print the verdict, ranked hypotheses, causal chains, what was not observed (and why) "
+                    "and the posterior of one or more sessions written by dbg.save_session(path).")
     p.add_argument("sessions", nargs="+", metavar="SESSION.json", help="exported session file(s)")
     p.add_argument("-f", "--failure-type", choices=list(FAILURE_TYPES), default=None,
                    help="only hypotheses explaining this failure type, and its chain")
@@ -133,14 +133,19 @@ def _report(path: str, args: argparse.Namespace, session: Any = None) -> dict[st
         ev = api.evidence(trace)
         types = [ft for ft in FAILURE_TYPES if failure_observed(trace, ev, ft)]
     chains = [api.causal_chain(trace, ft, priors) for ft in types]
+    cov = api.coverage(trace)
     out: dict[str, Any] = {
         "session": path, "family": trace.family, "priors": source,
         "steps": [trace.first_step, trace.last_step], "n_events": len(trace.events),
-        "floor": floor, "p_healthy": post.p_healthy, "healthy": post.is_healthy,
+        # no verdict when nothing was observed: p_healthy is then the prior's (docs/api.md)
+        "floor": floor, "p_healthy": post.p_healthy, "nothing_observed": post.nothing_observed,
+        "healthy": None if post.nothing_observed else post.is_healthy,
         "hypotheses": [h.to_dict() for h in hyps],
         "chains": [c.to_dict() for c in chains],
         "posterior": {k: v for k, v in post.items() if k != "healthy"},
+        "coverage": cov.to_dict(),
         "_objects": (hyps, chains, post),
+        "_coverage": cov,
     }
     if args.couplings:
         cps = api.couplings(trace)
@@ -154,14 +159,17 @@ def _report(path: str, args: argparse.Namespace, session: Any = None) -> dict[st
 
 
 def _print_text(rep: dict[str, Any], args: argparse.Namespace, stream) -> None:
+    from neuraldbg.report import coverage as coverage_text
+
     hyps, chains, post = rep["_objects"][:3]
     w = stream.write
     w(f"Session {rep['session']}: family {rep['family']}, steps {rep['steps'][0]}-{rep['steps'][1]}, "
       f"{rep['n_events']} events, priors {rep['priors']}\n")
-    verdict = "healthy" if rep["healthy"] else "not healthy"  # the one verdict: P(healthy) >= 0.5 (docs/api.md)
-    w(f"P(healthy) = {rep['p_healthy']:.3f}: {verdict}\n")
+    w(coverage_text.verdict(post) + "\n")  # the one verdict, P(healthy) >= 0.5, or none (docs/api.md)
     scope = f" explaining {args.failure_type}" if args.failure_type else ""
-    if hyps:
+    if post.nothing_observed:
+        pass  # no hypothesis either: the verdict line says why
+    elif hyps:
         w(f"Hypotheses{scope} (posterior >= {rep['floor']:.2f}):\n")
         for i, h in enumerate(hyps, 1):
             w(f"  {i}. {h.description}\n     fix: {h.suggested_fix}\n")
@@ -175,7 +183,9 @@ def _print_text(rep: dict[str, Any], args: argparse.Namespace, stream) -> None:
         w("Causal chains:\n")
         for c in chains:
             w(f"  {c}\n")
-    w("Posterior:\n")
+    for line in coverage_text.text_lines(rep["_coverage"]):
+        w(line + "\n")
+    w("Prior (nothing observed):\n" if post.nothing_observed else "Posterior:\n")
     for var, dist in rep["posterior"].items():
         w(f"  {var:15s} " + "  ".join(f"{s} {p:.3f}" for s, p in dist.items()) + "\n")
     if "couplings" in rep:
@@ -306,8 +316,8 @@ def _report_parser(sub: Any) -> argparse.ArgumentParser:
         "report", help="write a self-contained HTML report of a session",
         description="Write one HTML page (inline SVG, no network) with the loss curve and its events, "
                     "the layer-by-step event map, the posterior, the hypotheses with their fixes and the "
-                    "causal chain. Several sessions (one per rank of a distributed job) are merged first; "
-                    "the event map then has one facet per rank.")
+                    "causal chain, and what the diagnosis did not observe. Several sessions (one per rank of "
+                    "a distributed job) are merged first; the event map then has one facet per rank.")
     p.add_argument("sessions", nargs="+", metavar="SESSION.json", help="exported session file(s)")
     p.add_argument("-o", "--output", default="report.html", metavar="FILE",
                    help="HTML file to write (default report.html)")

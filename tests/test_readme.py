@@ -54,7 +54,7 @@ def test_readme_integration_snippets_run(tmp_path, monkeypatch):
                 sections.append(dict(attrs)["id"])
 
     Sections().feed((tmp_path / "report.html").read_text(encoding="utf-8"))
-    assert sections == ["summary", "loss", "timeline", "event-map", "posterior", "hypotheses", "chain"]
+    assert sections == ["summary", "loss", "timeline", "event-map", "posterior", "hypotheses", "chain", "not-observed"]
 
 
 #: mypy reads the snippets against this checkout's annotations (``mypy_path``); the frameworks

@@ -1,9 +1,10 @@
-"""Shared test fixtures: a tiny training run and a trace builder.
+"""Shared test fixtures: a tiny training run, a tensor subclass and a trace builder.
 
 ``run`` trains a small model for a few steps on a seeded, learnable task (the class is the
 largest of the first ``classes`` inputs) with or without a monitor, in either loop style; the
 trace builder makes :class:`~neuraldbg.trace.Trace` s by hand, with signatures named by their
-declared names (an undeclared name is an error, as it is for the monitor).
+declared names (an undeclared name is an error, as it is for the monitor). ``tagged`` turns a
+model's parameters into :class:`Tagged` tensors, a subclass the monitor does not measure.
 """
 from __future__ import annotations
 
@@ -95,6 +96,26 @@ def run(model: nn.Module | None = None, *, steps: int = 30, monitor: Mapping[str
         if own is not None:
             own.__exit__(None, None, None)
     return TinyRun(model, opt, losses, dbg, [p.detach().clone() for p in model.parameters()])
+
+
+# ---- a tensor subclass the monitor does not measure -----------------------------------
+
+class Tagged(torch.Tensor):
+    """A pass-through tensor subclass, standing for a quantized or sharded weight type: every op
+    works, but its type is not the plain dense tensor the monitor's statistics read."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def tagged(model: nn.Module, names: tuple[str, ...] = ("weight", "bias")) -> nn.Module:
+    """``model`` with its parameters named in ``names`` turned into :class:`Tagged` parameters."""
+    for mod in model.modules():
+        for n, p in list(mod.named_parameters(recurse=False)):
+            if n in names:
+                setattr(mod, n, nn.Parameter(p.data.as_subclass(Tagged)))
+    return model
 
 
 # ---- a trace builder -------------------------------------------------------------------

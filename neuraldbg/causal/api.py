@@ -94,13 +94,16 @@ def hypotheses(trace: Trace, priors: Any = None, *, floor: float = REPORT_FLOOR)
 
 def explain(trace: Trace, failure_type: str | None, priors: Any = None, *,
             floor: float = REPORT_FLOOR) -> list[Hypothesis]:
-    """Hypotheses (>= ``floor``) that explain ``failure_type``; all of them for ``None``.
+    """Hypotheses (>= ``floor``) that explain ``failure_type``; all of them for ``None``; none
+    when nothing was observed.
 
     Raises ``ValueError`` naming the six valid failure types for an unknown one.
     """
     if failure_type is not None:
         validate_failure_type(failure_type)
     net, ev, post = _setup(trace, priors)
+    if post.nothing_observed:  # as for hypotheses(): the prior is no finding about this run
+        return []
     return _hyp.explain(trace, post, net, ev, failure_type, floor)
 
 

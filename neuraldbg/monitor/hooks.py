@@ -45,17 +45,21 @@ class ModuleHooks:
     Lifecycle: :meth:`register` when the monitor is entered, :meth:`remove` when it exits.
     In between the owner frames steps with :meth:`start_step` and :meth:`take`, and calls
     :meth:`check_modules` now and then to follow modules added or swapped in mid-run.
-    ``report(key, msg, level)`` logs a problem once per key.
+    ``report(key, msg, level)`` logs a problem once per key; ``fail(key, msg)`` does the same for
+    a failure of the monitor's own statistics and counts it (``dbg.internal_errors``, the coverage
+    of ``docs/api.md``): a layer whose statistics fail is missing from the diagnosis, and says so.
     """
 
     def __init__(self, root: nn.Module, *, every: int, config: DetectorConfig, scaler: Any,
-                 report: Callable[..., None], backward_started: Callable[[Any], None] | None = None) -> None:
+                 report: Callable[..., None], backward_started: Callable[[Any], None] | None = None,
+                 fail: Callable[[tuple, str], None] | None = None) -> None:
         self.root = root
         self.every = every
         self.margin = config.saturation_margin
         self.softmax_margin = config.softmax_saturation_margin
         self.scaler = scaler
         self._report = report
+        self._fail = fail if fail is not None else report
         #: called with the first parameter whose gradient a backward pass accumulates (checked
         #: steps): every other parameter still holds what it held before the pass
         self.backward_started = backward_started
@@ -222,7 +226,7 @@ class ModuleHooks:
         try:
             buf.entry.extend(_input_records(slot, tensors_of(args, kwargs)))
         except Exception as e:  # noqa: BLE001 - the monitor must not raise into training
-            self._report(("entry input", type(e).__name__), f"input statistics failed: {e!r}")
+            self._fail(("entry input", type(e).__name__), f"input statistics failed: {e!r}")
         return None
 
     def _on_input(self, module, args, kwargs):
@@ -238,7 +242,7 @@ class ModuleHooks:
             if measure:
                 buf.records.extend(_input_records(INPUT_SLOT, tensors))
         except Exception as e:  # noqa: BLE001 - the monitor must not raise into training
-            self._report(("input", type(e).__name__), f"input statistics failed: {e!r}")
+            self._fail(("input", type(e).__name__), f"input statistics failed: {e!r}")
         return None
 
     def _on_output(self, spec: Spec, module, inputs, output):
@@ -279,7 +283,7 @@ class ModuleHooks:
                 self._add_order(spec.name)
         except Exception as e:  # noqa: BLE001
             self.disabled.add(spec.name)
-            self._report((spec.name, type(e).__name__), f"statistics of {spec.name} failed and are disabled: {e!r}")
+            self._fail((spec.name, type(e).__name__), f"statistics of {spec.name} failed and are disabled: {e!r}")
         return None
 
     def _on_param_grad(self, pidx, name, param):
@@ -308,7 +312,7 @@ class ModuleHooks:
                     return None
             pend[1].append((pidx, param.grad))  # its final value for this backward pass
         except Exception as e:  # noqa: BLE001
-            self._report((name, "pgrad", type(e).__name__), f"parameter-gradient statistics failed: {e!r}")
+            self._fail((name, "pgrad", type(e).__name__), f"parameter-gradient statistics failed: {e!r}")
         return None
 
     def _grads_done(self) -> None:
@@ -337,7 +341,7 @@ class ModuleHooks:
                     norms, order = S.grad_norms(list(grads)), ids
             buf.pgrad.append((order, norms))
         except Exception as e:  # noqa: BLE001 - this runs inside backward(): never raise
-            self._report(("pgrad", type(e).__name__), f"parameter-gradient statistics failed: {e!r}")
+            self._fail(("pgrad", type(e).__name__), f"parameter-gradient statistics failed: {e!r}")
 
     def _capture_scale(self, buf: StepBuffer) -> None:
         """The scaler's scale in force during this step's backward, as a device tensor (no

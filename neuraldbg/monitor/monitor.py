@@ -111,7 +111,8 @@ class NeuralDbg(CausalQueries):
             at_init=check_at_init(at_init))
         self._priors = pri
         self._hooks = ModuleHooks(self.root, every=self.every, config=self.config, scaler=self.scaler,
-                                  report=self._report, backward_started=self._backward_started)
+                                  report=self._report, backward_started=self._backward_started,
+                                  fail=self._failed)
         self._transfer = HostTransfer(self.settings.sync_every, self._consume)
         self._order_pos = self._hooks.order_pos  # forward order, kept by the hooks
         self._reported: set[tuple] = set()
@@ -279,7 +280,7 @@ class NeuralDbg(CausalQueries):
                 for ev in det.update(st):
                     self._add_event(ev)
             except Exception as e:  # noqa: BLE001
-                self._report((det.name, type(e).__name__), f"detector {det.name} failed: {e!r}")
+                self._failed((det.name, type(e).__name__), f"detector {det.name} failed: {e!r}")
         if st.names:
             self._parts.call("checked_step", st)
 
@@ -317,6 +318,11 @@ class NeuralDbg(CausalQueries):
         """Count a failure inside the monitor and log it once per place and kind."""
         self._internal_errors += 1
         self._report(("internal", what, type(e).__name__), f"internal error in {what}: {e!r}")
+
+    def _failed(self, key: tuple, msg: str) -> None:
+        """Count a failure of the monitor's statistics (a hook, a detector) and log it once per key."""
+        self._internal_errors += 1
+        self._report(key, msg)
 
     def _report(self, key: tuple, msg: str, level: int = logging.WARNING) -> None:
         if key not in self._reported:

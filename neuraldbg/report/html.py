@@ -7,7 +7,10 @@ answers about it), never the model. Sections, each a ``<section id=...>``: ``sum
 ``loss`` (the loss curve with events marked), ``timeline`` (the posterior as of each checked
 step), ``event-map`` (layers in forward order by steps, one facet per rank for a merged
 distributed session), ``posterior`` (bars, ``P(healthy)`` first), ``hypotheses`` (ranked, with
-evidence and fix) and ``chain`` (the causal chain of each failure type that occurred).
+evidence and fix), ``chain`` (the causal chain of each failure type that occurred) and
+``not-observed`` (the evidence variables the diagnosis did not see, by reason, and the monitor's
+internal errors: :mod:`neuraldbg.report.coverage`). When nothing was observed the summary shows a
+banner saying there is no diagnosis instead of a verdict: the posterior is then the prior.
 """
 from __future__ import annotations
 
@@ -21,13 +24,14 @@ from neuraldbg.causal.nodes.run import MERGED_RANKS
 from neuraldbg.events.base import Event
 from neuraldbg.events.compress import compress
 from neuraldbg.jsonio import write_text_atomic
+from neuraldbg.report import coverage as coverage_text
 from neuraldbg.report import resolve_source, svg
 from neuraldbg.report.timeline import posterior_timeline
 from neuraldbg.trace import Trace
 from neuraldbg.vocab import ALL_EVENT_KINDS, FAILURE_TYPES
 
 #: section ids, in page order (tests and links rely on them)
-SECTIONS = ("summary", "loss", "timeline", "event-map", "posterior", "hypotheses", "chain")
+SECTIONS = ("summary", "loss", "timeline", "event-map", "posterior", "hypotheses", "chain", "not-observed")
 #: evidence events listed under each hypothesis before eliding the rest
 MAX_EVIDENCE = 8
 #: steps at which the report evaluates the posterior timeline
@@ -43,7 +47,7 @@ svg{max-width:100%;height:auto;display:block}.scroll{overflow-x:auto;max-width:1
 code{font:12.5px ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;background:#f1f1f1;padding:0 3px;
 border-radius:3px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;border-bottom:1px solid #ddd;padding-bottom:3px;margin-top:28px}
-h3{font-size:14px;margin:14px 0 4px}.muted{color:#666}.big{font-size:30px;font-weight:600}
+h3{font-size:14px;margin:14px 0 4px}.muted{color:#666}.muted a{color:inherit}.big{font-size:30px;font-weight:600}
 .ok{color:#2e7d32}.bad{color:#c62828}svg text{font:11px system-ui,sans-serif;fill:#333}
 svg .layer{font-size:11px}ol.hyps>li{margin:0 0 14px}.fix{background:#f4f8ec;padding:4px 8px;border-radius:4px}
 table{border-collapse:collapse;font-size:12px;margin-top:4px}td,th{border-bottom:1px solid #eee;padding:2px 8px;
@@ -51,6 +55,8 @@ text-align:left}.chain{display:flex;flex-wrap:wrap;align-items:center;gap:4px;ma
 .node{border:1px solid #bbb;border-radius:4px;padding:3px 8px;background:#fafafa;font-size:12px}
 .node.root{background:#fdecea;border-color:#e45756;font-weight:600}.arrow{color:#888}
 .swatch{display:inline-block;width:10px;height:10px;margin-right:4px;border-radius:2px}
+.banner{background:#fff4e5;border-left:4px solid #ef8f00;padding:8px 12px;border-radius:4px;font-size:16px}
+.warn{color:#a15c00}ul.unobs{padding-left:20px;margin:4px 0}ul.unobs>li{margin:0 0 4px}
 """
 
 
@@ -64,6 +70,8 @@ class ReportData:
     chains: tuple
     timeline: tuple
     ranks: tuple[int, ...]
+    #: what the diagnosis observed (:class:`~neuraldbg.causal.types.Coverage`); None: not asked
+    coverage: Any = None
 
 
 def collect(source: Any, priors: Any = None, timeline_points: int = TIMELINE_POINTS) -> ReportData:
@@ -78,7 +86,7 @@ def collect(source: Any, priors: Any = None, timeline_points: int = TIMELINE_POI
     ranks = set(trace.signatures.value(MERGED_RANKS, ()) or ()) | {e.rank for e in trace.events if e.rank is not None}
     return ReportData(trace=trace, posterior=api.posterior(trace, pri), hypotheses=tuple(api.hypotheses(trace, pri)),
                       chains=chains, timeline=tuple(posterior_timeline(trace, pri, max_points=timeline_points)),
-                      ranks=tuple(sorted(int(r) for r in ranks)))
+                      ranks=tuple(sorted(int(r) for r in ranks)), coverage=api.coverage(trace))
 
 
 _CODE = re.compile(r"`([^`<>]+)`")
@@ -98,8 +106,32 @@ def _where(e: Event) -> str:
     return "loss" if e.layer is None else e.layer
 
 
+def _seen(d: ReportData) -> str:
+    """The summary's line on coverage: how many variables were not observed, internal errors."""
+    cov = d.coverage
+    if cov is None:
+        return ""
+    missing = len(cov.unobserved())
+    parts = []
+    if missing:
+        parts.append(f'<a href="#not-observed">{missing} of {len(cov)} evidence variables not observed</a>'
+                     + (f" ({len(cov.gaps())} missed by the monitor)" if cov.gaps() else ""))
+    if cov.internal_errors:
+        parts.append(f'<span class="warn">{escape(coverage_text.errors_sentence(cov.internal_errors))}</span>')
+    return f"<p class=\"muted\">{'; '.join(parts)}</p>" if parts else ""
+
+
 def _summary(d: ReportData) -> str:
     t, p = d.trace, d.posterior.p_healthy
+    ranks = f", ranks {', '.join(map(str, d.ranks))} merged" if d.ranks else ""
+    facts = (f'<p class="muted">family {escape(t.family)}, steps {t.first_step}-{t.last_step}, {len(t.events)} '
+             f'events, {len(t.layers)} monitored layers{escape(ranks)}; posterior from '
+             f'{escape(str(d.posterior.source))}</p>')
+    if d.posterior.nothing_observed:  # no verdict: the number would be the prior's, not a finding
+        return _section("summary", "Summary", (
+            f'<p class="banner"><b>Nothing was observed: no diagnosis.</b> The monitor recorded no loss and no layer '
+            f'statistics, so the posterior below is the prior (P(healthy) = {svg.probability(p)} before seeing '
+            f'anything) and says nothing about this run.</p>' + _seen(d) + facts))
     if d.posterior.is_healthy:  # the one verdict (docs/api.md): P(healthy) >= 0.5
         verdict = '<span class="ok">no failure found</span>' + (
             " (the hypotheses below are weaker leads)" if d.hypotheses else "")
@@ -107,11 +139,8 @@ def _summary(d: ReportData) -> str:
         verdict = f'<span class="bad">{rich(d.hypotheses[0].description)}</span>'
     else:
         verdict = '<span class="bad">something is off, but no single cause reaches the reporting floor</span>'
-    ranks = f", ranks {', '.join(map(str, d.ranks))} merged" if d.ranks else ""
     return _section("summary", "Summary", (
-        f'<p class="big">P(healthy) = {svg.probability(p)}</p><p>{verdict}</p>'
-        f'<p class="muted">family {escape(t.family)}, steps {t.first_step}-{t.last_step}, {len(t.events)} events, '
-        f'{len(t.layers)} monitored layers{escape(ranks)}; posterior from {escape(str(d.posterior.source))}</p>'))
+        f'<p class="big">P(healthy) = {svg.probability(p)}</p><p>{verdict}</p>' + _seen(d) + facts))
 
 
 def _kinds(events) -> list[str]:
@@ -175,6 +204,9 @@ def _posterior(d: ReportData) -> str:
         if var == "healthy":
             continue
         rows += [(f"{var} = {state}", p, (var, state) in top) for state, p in dist.items()]
+    if post.nothing_observed:
+        return _section("posterior", "Prior (nothing observed)", svg.bars(rows) + (
+            '<p class="muted">Nothing was observed, so these are the prior probabilities, not a finding.</p>'))
     return _section("posterior", "Posterior", svg.bars(rows))
 
 
@@ -192,6 +224,8 @@ def _event_table(events) -> str:
 
 
 def _hypotheses(d: ReportData) -> str:
+    if d.posterior.nothing_observed:
+        return _section("hypotheses", "Hypotheses", "<p>No hypothesis: nothing was observed to diagnose.</p>")
     if not d.hypotheses:
         return _section("hypotheses", "Hypotheses", "<p>No hypothesis above the reporting floor.</p>")
     items = []
@@ -223,12 +257,38 @@ def _chain(d: ReportData) -> str:
     return _section("chain", "Causal chain", "".join(parts))
 
 
+def _not_observed(d: ReportData) -> str:
+    """The evidence variables the diagnosis did not see, grouped by reason: the monitor's gaps
+    first, then what the run could not show; and the monitor's internal errors."""
+    cov = d.coverage
+    if cov is None:
+        return _section("not-observed", "What was not observed", "<p class='muted'>Coverage not computed.</p>")
+    gs = coverage_text.groups(cov)
+    parts = []
+    if not gs:
+        parts.append(f"<p>All {len(cov)} evidence variables were observed.</p>")
+    else:
+        n = sum(len(g.variables) for g in gs)
+        parts.append(f"<p>{'All' if n == len(cov) else n} of {len(cov)} evidence variables were not observed; "
+                     "the diagnosis could not weigh them.</p>")
+    for gap, head in ((True, coverage_text.MISSED), (False, coverage_text.NOT_SHOWN)):
+        mine = [g for g in gs if g.gap == gap]
+        if mine:
+            items = "".join(f"<li>{', '.join(f'<code>{escape(v)}</code>' for v in g.variables)}: "
+                            f"{escape(g.reason)}</li>" for g in mine)
+            parts.append(f"<h3>{escape(head[0].upper() + head[1:])}</h3><ul class='unobs'>{items}</ul>")
+    if cov.internal_errors:
+        parts.append(f"<p class='warn'>{escape(coverage_text.errors_sentence(cov.internal_errors))}</p>")
+    return _section("not-observed", "What was not observed", "".join(parts))
+
+
 def render_html(source: Any, *, priors: Any = None, title: str | None = None,
                 timeline_points: int = TIMELINE_POINTS) -> str:
     """The report page of a live monitor, a (merged) session or a trace, as a string."""
     d = collect(source, priors, timeline_points)
     title = title or f"NeuralDBG report: {d.trace.family} run, steps {d.trace.first_step}-{d.trace.last_step}"
-    body = "".join(f(d) for f in (_summary, _loss, _timeline, _event_map, _posterior, _hypotheses, _chain))
+    body = "".join(f(d) for f in (_summary, _loss, _timeline, _event_map, _posterior, _hypotheses, _chain,
+                                  _not_observed))
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{escape(title)}</title>"
             f"<style>{_CSS}</style></head><body><h1>{escape(title)}</h1>{body}"

@@ -19,6 +19,7 @@ from neuraldbg.causal.nodes.causes import STEP_RATIO_MAX, STEP_RATIO_MEDIAN, STE
 from neuraldbg.causal.nodes.run import LR_PEAK
 from neuraldbg.lifecycle import AddonContext, Measurement
 from neuraldbg.monitor.measurements import register_measurement
+from neuraldbg.monitor.stats import is_plain
 
 
 def probed_weights(census: Iterable[tuple[str, Any, torch.Tensor, float]]) -> dict[int, str]:
@@ -81,6 +82,7 @@ class StepSize(Measurement):
         self._lr_now: float | None = None
         self._step = 0
         self.lr_peak: float | None = None        # over every checked step, not only the window
+        self.unsupported: list[str] = []         # type names of weight matrices left unmeasured
 
     @property
     def n_steps(self) -> int:
@@ -88,8 +90,11 @@ class StepSize(Measurement):
         return len(self._values)
 
     def enter(self, ctx: AddonContext) -> None:
-        """The weight matrices to measure, from the census taken on entry."""
+        """The weight matrices to measure, from the census taken on entry, and the types of
+        those left out of it as tensor subclasses (so that a gap names them)."""
         self.owner = probed_weights(ctx.census)
+        self.unsupported = sorted({type(p.data).__name__ for p in ctx.root.parameters()
+                                   if p.dim() >= 2 and not is_plain(p)})
 
     @staticmethod
     def _read_lr(optimizer: Any) -> float | None:
@@ -164,8 +169,13 @@ class StepSize(Measurement):
         """Why nothing was measured: no optimizer stepped the model, or no weight matrix to measure."""
         if self._values:
             return {}
-        why = ("no optimizer stepped the model's parameters on a checked step" if self.owner
-               else "the model has no weight matrix to measure the step size on")
+        if self.owner:
+            why = "no optimizer stepped the model's parameters on a checked step"
+        elif self.unsupported:  # weight matrices there, but of a type the statistics do not read
+            why = (f"the model's weight matrices are {', '.join(self.unsupported)} tensors, a type the monitor "
+                   "does not measure")
+        else:
+            why = "the model has no weight matrix to measure the step size on"
         return {sig: why for sig in (STEP_RATIO_MEDIAN, STEP_RATIO_MAX, STEP_RATIO_STEPS)}
 
     def steps(self) -> dict[Any, int]:

@@ -34,7 +34,7 @@ def _train(opt_cls, lr, steps=5, checked=True):
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     opt = opt_cls(m.parameters(), lr=lr)
-    ctx = SimpleNamespace(census=weight_census(m.named_modules()), step=0, is_primary=lambda o: o is opt)
+    ctx = SimpleNamespace(root=m, census=weight_census(m.named_modules()), step=0, is_primary=lambda o: o is opt)
     probe = G.StepSize()
     probe.enter(ctx)
     handles = [opt.register_step_pre_hook(lambda o, a, k: probe.optimizer_pre(ctx, o, checked)),
