@@ -12,7 +12,10 @@ monitor's own transfers, every ``sync_every`` checked steps):
   ``zero_grad(set_to_none=True)``: no kernel at all). On the host the events replay in order:
   a step taken while its parameters still hold gradients from before its previous step (never
   zeroed since) is stale. Accumulation (several backwards, then a step, then ``zero_grad``) and
-  a GAN's cross-gradients (zeroed before the discriminator's own step) stay quiet.
+  a GAN's cross-gradients (zeroed before the discriminator's own step) stay quiet. The replay
+  needs the *first* backward after a step: where an unchecked step (``every > 1``) was open
+  after the optimizer's step, its backward passes were not seen (accumulation over unchecked
+  micro-steps would look stale), so that step is not judged, and not counted as examined.
 * **orphans** -- at the first :data:`WINDOW` checked optimizer steps, which trainable parameters
   of the model as it is then hold a gradient (host-side ``.grad is not None``, a walk of the
   model's parameters: a head swapped in after entry counts from its first step); at the end,
@@ -75,8 +78,10 @@ class LoopWatch(Measurement):
         self._opt_steps: dict[int, int] = {}  # id(optimizer) -> its steps so far (every step)
         self._at_bwd: dict[int, int] = {}     # id(optimizer) -> its steps at the last checked backward start
         self._open: dict[int, bool] = {}      # id(optimizer) -> a stale candidate may be open (host side)
-        self._events: list[list[Any]] = []    # ["bwd", id, stepped, z] / ["opt", id]
-        self._cand: dict[int, bool] = {}
+        self._events: list[list[Any]] = []    # ["bwd", id, stepped, z] / ["opt", id]; stepped None: not judged
+        self._cand: dict[int, bool | None] = {}
+        self._unchecked = 0                   # unchecked steps started so far
+        self._after_step: dict[int, tuple[int, bool]] = {}  # id(optimizer) -> (unchecked, checked) at its last step
         self.stale = self.examined = 0
         self._opt_events = 0                  # "opt" events recorded (examined once flushed)
         self._at: dict[str, int] = {}         # check -> the step of its last observation
@@ -140,6 +145,13 @@ class LoopWatch(Measurement):
             self._at_bwd[oid] = n
             if not stepped and not self._open.get(oid):
                 continue  # nothing can open or close a candidate here
+            if stepped and self._after_step.get(oid) != (self._unchecked, True):
+                # an unchecked step was open after that optimizer's step: its backward passes (a
+                # micro-batch's, or a zero_grad then a backward) were not seen, so the
+                # gradients here may be a legitimate accumulation. Not judged.
+                self._open[oid] = False
+                self._events.append(["bwd", oid, None, 0.0])
+                continue
             grads = [p.grad for p in self._sample(ctx, opt) if p is not param and p.grad is not None]
             if grads:
                 with torch.no_grad():
@@ -175,8 +187,14 @@ class LoopWatch(Measurement):
             self._at["params"] = ctx.step
 
     def optimizer_post(self, ctx: AddonContext, optimizer: Any, checked: bool) -> None:
-        """Count every step (checked or not): the stale check asks "stepped since"."""
+        """Count every step (checked or not): the stale check asks "stepped since"; and note
+        whether the step open now is checked (its backward passes will be seen)."""
         self._opt_steps[id(optimizer)] = self._opt_steps.get(id(optimizer), 0) + 1
+        self._after_step[id(optimizer)] = (self._unchecked, bool(ctx.checked))
+
+    def step_started(self, ctx: AddonContext, step: int, checked: bool) -> None:
+        """Count unchecked steps: their backward passes are not seen (a host-side counter)."""
+        self._unchecked += not checked
 
     def checked_step(self, ctx: AddonContext, stats: Any) -> None:
         """Which layers ran and which received gradients, over the first checked steps (and again
@@ -218,11 +236,13 @@ class LoopWatch(Measurement):
         for e in self._events:
             if e[0] == "bwd":
                 _, oid, stepped, z = e
-                if z == 0.0:
+                if stepped is None:
+                    self._cand[oid] = None   # not judged (see backward_started)
+                elif z == 0.0:
                     self._cand[oid] = False  # zeroed (or never had a gradient)
                 elif stepped:
                     self._cand[oid] = True   # stepped, yet the gradients are still there
-            else:
+            elif self._cand.get(e[1], False) is not None:
                 self.examined += 1
                 self.stale += bool(self._cand.get(e[1]))
         self._events = []
@@ -291,6 +311,10 @@ class LoopWatch(Measurement):
         if not self._held() or not self._opt_checked:
             for sig in (STALE_STEPS, STALE_CHECKED, ORPHAN_PARAMS, DETACHED_PARAMS, LOOP_CHECKED):
                 out[sig] = NO_OPTIMIZER
+        elif self._opt_events and not self.examined and not self._events:
+            for sig in (STALE_STEPS, STALE_CHECKED):
+                out[sig] = ("no optimizer step could be judged: an unchecked step (every > 1) was open after each "
+                            "step, so the backward passes that followed it were not seen")
         if not self._prob_n:
             out[PROB_SHARE_SIG] = ("the model's output was never examined (its forward was not the entry point, "
                                    "or it ran under torch.compile)")

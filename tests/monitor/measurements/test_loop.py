@@ -437,3 +437,24 @@ def test_global_hooks_are_removed_when_the_loop_raises():
     opt.zero_grad()
     F.cross_entropy(m(data(1)[0][0]), data(1)[0][1]).backward()
     opt.step()
+
+
+# ---- every > 1: steps between checks are not seen -----------------------------------------
+
+
+def test_accumulation_over_unchecked_micro_steps_is_not_read_as_stale():
+    """Regression, false alarm: with ``every=3`` and a step per two micro-batches (one
+    ``record_loss`` each), the backward that follows a step sometimes falls on an unchecked
+    micro-step; the checked one after it found last micro-batch's gradients and read the
+    update as stale (16 of 16). A step followed by an unchecked step is now not judged."""
+    dbg = train(mlp(), steps=60, accumulate=2, every=3)
+    assert_quiet(dbg)
+    assert (sig(dbg, STALE_STEPS) or 0) == 0
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_every_three_still_reads_a_missing_zero_grad(k):
+    # the step lands after record_loss opened the next (checked or not) step: still judged
+    # where the step open after it is checked
+    dbg = train(mlp(), steps=90, accumulate=k, every=3, zero=None)
+    assert_bug(dbg, "stale_gradients")
