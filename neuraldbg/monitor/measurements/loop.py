@@ -13,9 +13,10 @@ monitor's own transfers, every ``sync_every`` checked steps):
   a step taken while its parameters still hold gradients from before its previous step (never
   zeroed since) is stale. Accumulation (several backwards, then a step, then ``zero_grad``) and
   a GAN's cross-gradients (zeroed before the discriminator's own step) stay quiet. The replay
-  needs the *first* backward after a step: where an unchecked step (``every > 1``) was open
-  after the optimizer's step, its backward passes were not seen (accumulation over unchecked
-  micro-steps would look stale), so that step is not judged, and not counted as examined.
+  needs the *first* backward after a step: with ``every > 1``, where the step open at the
+  optimizer's step is not the checked one now backing up, an unchecked step came between and its
+  backward passes were not seen (accumulation over unchecked micro-steps would look stale), so
+  that step is not judged, and not counted as examined.
 * **orphans** -- at the first :data:`WINDOW` checked optimizer steps, which trainable parameters
   of the model as it is then hold a gradient (host-side ``.grad is not None``, a walk of the
   model's parameters: a head swapped in after entry counts from its first step); at the end,
@@ -80,8 +81,7 @@ class LoopWatch(Measurement):
         self._open: dict[int, bool] = {}      # id(optimizer) -> a stale candidate may be open (host side)
         self._events: list[list[Any]] = []    # ["bwd", id, stepped, z] / ["opt", id]; stepped None: not judged
         self._cand: dict[int, bool | None] = {}
-        self._unchecked = 0                   # unchecked steps started so far
-        self._after_step: dict[int, tuple[int, bool]] = {}  # id(optimizer) -> (unchecked, checked) at its last step
+        self._step_at: dict[int, int] = {}    # id(optimizer) -> the step open at its last step
         self.stale = self.examined = 0
         self._opt_events = 0                  # "opt" events recorded (examined once flushed)
         self._at: dict[str, int] = {}         # check -> the step of its last observation
@@ -145,10 +145,11 @@ class LoopWatch(Measurement):
             self._at_bwd[oid] = n
             if not stepped and not self._open.get(oid):
                 continue  # nothing can open or close a candidate here
-            if stepped and self._after_step.get(oid) != (self._unchecked, True):
-                # an unchecked step was open after that optimizer's step: its backward passes (a
-                # micro-batch's, or a zero_grad then a backward) were not seen, so the
-                # gradients here may be a legitimate accumulation. Not judged.
+            if stepped and ctx.settings.every > 1 and self._step_at.get(oid) != ctx.step:
+                # checked steps are the multiples of `every` (neuraldbg/monitor/hooks.py): a
+                # step taken in an earlier step than this one was followed by an unchecked step,
+                # whose backward passes (a micro-batch's, or a zero_grad then a backward) were
+                # not seen, so the gradients here may be a legitimate accumulation. Not judged.
                 self._open[oid] = False
                 self._events.append(["bwd", oid, None, 0.0])
                 continue
@@ -187,14 +188,10 @@ class LoopWatch(Measurement):
             self._at["params"] = ctx.step
 
     def optimizer_post(self, ctx: AddonContext, optimizer: Any, checked: bool) -> None:
-        """Count every step (checked or not): the stale check asks "stepped since"; and note
-        whether the step open now is checked (its backward passes will be seen)."""
+        """Count every step (checked or not): the stale check asks "stepped since"; and note the
+        step open now (the backward passes after it are seen only if it is checked)."""
         self._opt_steps[id(optimizer)] = self._opt_steps.get(id(optimizer), 0) + 1
-        self._after_step[id(optimizer)] = (self._unchecked, bool(ctx.checked))
-
-    def step_started(self, ctx: AddonContext, step: int, checked: bool) -> None:
-        """Count unchecked steps: their backward passes are not seen (a host-side counter)."""
-        self._unchecked += not checked
+        self._step_at[id(optimizer)] = ctx.step
 
     def checked_step(self, ctx: AddonContext, stats: Any) -> None:
         """Which layers ran and which received gradients, over the first checked steps (and again
