@@ -293,6 +293,7 @@ class NeuralDbg(CausalQueries):
         replaced = self._hooks.check_modules()
         if replaced is None:
             return
+        self._optimizers.refresh()  # an optimizer made for the new modules holds only their parameters
         for det in self._detectors or ():
             for name in replaced:
                 det.forget_layer(name)

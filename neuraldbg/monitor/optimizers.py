@@ -61,6 +61,13 @@ class OptimizerWatch:
         self.handles += [register_optimizer_step_pre_hook(self._global_pre),
                          register_optimizer_step_post_hook(self._global_post)]
 
+    def refresh(self) -> None:
+        """Read the model's parameters again (a module was added or replaced mid-run): an
+        optimizer built afterwards on the new module alone holds none of the parameters read on
+        entry, and would never be watched. Optimizers found so far stay found."""
+        self._params = {id(p) for p in self.root.parameters()}
+        self._decided = {k: v for k, v in self._decided.items() if v[1]}
+
     def stop(self) -> None:
         """Remove every hook (safe twice)."""
         for h in self.handles:

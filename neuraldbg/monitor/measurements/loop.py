@@ -12,14 +12,24 @@ monitor's own transfers, every ``sync_every`` checked steps):
   ``zero_grad(set_to_none=True)``: no kernel at all). On the host the events replay in order:
   a step taken while its parameters still hold gradients from before its previous step (never
   zeroed since) is stale. Accumulation (several backwards, then a step, then ``zero_grad``) and
-  a GAN's cross-gradients (zeroed before the discriminator's own step) stay quiet.
+  a GAN's cross-gradients (zeroed before the discriminator's own step) stay quiet. The replay
+  needs the *first* backward after a step: with ``every > 1``, where the step open at the
+  optimizer's step is not the checked one now backing up, an unchecked step came between and its
+  backward passes were not seen (accumulation over unchecked micro-steps would look stale), so
+  that step is not judged, and not counted as examined.
 * **orphans** -- at the first :data:`WINDOW` checked optimizer steps, which trainable parameters
-  hold a gradient (host-side ``.grad is not None``); at the end, those no optimizer holds.
+  of the model as it is then hold a gradient (host-side ``.grad is not None``, a walk of the
+  model's parameters: a head swapped in after entry counts from its first step); at the end,
+  those no optimizer holds.
 * **detached** -- over the first :data:`WINDOW` checked steps with a backward, which layers ran
   in training mode (their output was measured, or they ran under ``no_grad``) and which received
   gradients; at the end, the optimized parameters of layers that ran but never got one.
 * **probabilities** -- on the first :data:`STALE_WINDOW` checked steps, whether the model's output
   rows lie in [0, 1] and sum to 1: three reductions over the output, one device flag per step.
+
+The parameter windows open again for :data:`WINDOW` steps when the monitor notices a module
+added or replaced mid-run (its module list changes, ``neuraldbg/monitor/hooks.py``): a head
+replaced after the optimizer was built is a loop bug made at that point, not at the start.
 
 Every check looks at a window at the start of the run: a loop bug is in the code, so it shows from
 the first steps, and the checks then cost nothing for the rest of the run.
@@ -36,7 +46,7 @@ from neuraldbg.causal.nodes.loop import (DETACHED_LAYER, DETACHED_PARAMS, LOOP_C
 from neuraldbg.lifecycle import AddonContext, Measurement
 from neuraldbg.monitor import stats as S
 from neuraldbg.monitor.measurements import register_measurement
-from neuraldbg.monitor.records import first_tensor
+from neuraldbg.monitor.records import first_tensor, monitored_modules
 
 #: checked steps the parameter checks (orphans, detached) look at: a structural bug shows from
 #: the first step, and later steps would only cost time
@@ -63,21 +73,24 @@ class LoopWatch(Measurement):
     def __init__(self) -> None:
         self._ctx: AddonContext | None = None
         self._layer_of: dict[int, str] = {}   # id(trainable parameter) -> the layer that owns it
-        self._trainable: list[Any] = []
+        self._mods: Any = None                # the monitor's module list these map (replaced when it changes)
         self._handle: Any = None
         # stale gradients: events replayed on the host, in order
         self._opt_steps: dict[int, int] = {}  # id(optimizer) -> its steps so far (every step)
         self._at_bwd: dict[int, int] = {}     # id(optimizer) -> its steps at the last checked backward start
         self._open: dict[int, bool] = {}      # id(optimizer) -> a stale candidate may be open (host side)
-        self._events: list[list[Any]] = []    # ["bwd", id, stepped, z] / ["opt", id]
-        self._cand: dict[int, bool] = {}
+        self._events: list[list[Any]] = []    # ["bwd", id, stepped, z] / ["opt", id]; stepped None: not judged
+        self._cand: dict[int, bool | None] = {}
+        self._step_at: dict[int, int] = {}    # id(optimizer) -> the step open at its last step
         self.stale = self.examined = 0
         self._opt_events = 0                  # "opt" events recorded (examined once flushed)
         self._at: dict[str, int] = {}         # check -> the step of its last observation
         # orphans and detached layers, over the first WINDOW checked steps
         self._opt_checked = 0
+        self._opt_until = WINDOW              # the parameter windows end at these counts
         self._with_grad: set[int] = set()
         self._bwd_steps = 0
+        self._bwd_until = WINDOW
         self._ran: set[str] = set()
         self._got_grad: set[str] = set()
         # probability rows: device flags until a transfer
@@ -89,12 +102,15 @@ class LoopWatch(Measurement):
         """Map every trainable parameter to its layer (first owner, as the hooks do) and watch the
         model's output."""
         self._ctx = ctx
-        for name, mod in ctx.modules:
+        self._map(ctx.modules)
+        self._handle = ctx.root.register_forward_hook(self._on_output)
+
+    def _map(self, modules: Any) -> None:
+        self._mods = modules
+        for name, mod in modules:
             for p in mod.parameters(recurse=False):
                 if p.requires_grad and id(p) not in self._layer_of:
                     self._layer_of[id(p)] = name
-                    self._trainable.append(p)
-        self._handle = ctx.root.register_forward_hook(self._on_output)
 
     def _on_output(self, module: Any, args: Any, output: Any) -> None:
         if torch.compiler.is_compiling():
@@ -129,6 +145,14 @@ class LoopWatch(Measurement):
             self._at_bwd[oid] = n
             if not stepped and not self._open.get(oid):
                 continue  # nothing can open or close a candidate here
+            if stepped and ctx.settings.every > 1 and self._step_at.get(oid) != ctx.step:
+                # checked steps are the multiples of `every` (neuraldbg/monitor/hooks.py): a
+                # step taken in an earlier step than this one was followed by an unchecked step,
+                # whose backward passes (a micro-batch's, or a zero_grad then a backward) were
+                # not seen, so the gradients here may be a legitimate accumulation. Not judged.
+                self._open[oid] = False
+                self._events.append(["bwd", oid, None, 0.0])
+                continue
             grads = [p.grad for p in self._sample(ctx, opt) if p is not param and p.grad is not None]
             if grads:
                 with torch.no_grad():
@@ -141,7 +165,7 @@ class LoopWatch(Measurement):
     def _sample(self, ctx: AddonContext, opt: Any) -> list[Any]:
         out = []
         for p in ctx.params_of(opt):
-            if id(p) in self._layer_of:
+            if p.requires_grad:  # not the layer map: a module swapped in is mapped only later
                 out.append(p)
                 if len(out) >= SAMPLE:
                     break
@@ -156,18 +180,29 @@ class LoopWatch(Measurement):
             self._opt_events += 1
             self._events.append(["opt", id(optimizer)])
             self._at["stale"] = ctx.step
-        if self._opt_checked < WINDOW:
+        if self._opt_checked < self._opt_until:
             self._opt_checked += 1
-            self._with_grad.update(id(p) for p in self._trainable if p.grad is not None)
+            # the model as it is now (host-side attributes only): the layer map is refreshed only
+            # when the monitor's periodic module check notices a change
+            self._with_grad.update(id(p) for p in ctx.root.parameters() if p.requires_grad and p.grad is not None)
             self._at["params"] = ctx.step
 
     def optimizer_post(self, ctx: AddonContext, optimizer: Any, checked: bool) -> None:
-        """Count every step (checked or not): the stale check asks "stepped since"."""
+        """Count every step (checked or not): the stale check asks "stepped since"; and note the
+        step open now (the backward passes after it are seen only if it is checked)."""
         self._opt_steps[id(optimizer)] = self._opt_steps.get(id(optimizer), 0) + 1
+        self._step_at[id(optimizer)] = ctx.step
 
     def checked_step(self, ctx: AddonContext, stats: Any) -> None:
-        """Which layers ran and which received gradients, over the first checked steps."""
-        if not stats.has_backward or self._bwd_steps >= WINDOW:
+        """Which layers ran and which received gradients, over the first checked steps (and again
+        after a module was added or replaced)."""
+        if ctx.modules is not self._mods:
+            # the monitor swapped in its new module list (a layer added or replaced mid-run):
+            # map the new parameters and look again, a window's worth of steps
+            self._map(ctx.modules)
+            self._opt_until = self._opt_checked + WINDOW
+            self._bwd_until = self._bwd_steps + WINDOW
+        if not stats.has_backward or self._bwd_steps >= self._bwd_until:
             return
         self._bwd_steps += 1
         self._at["detached"] = ctx.step
@@ -198,11 +233,13 @@ class LoopWatch(Measurement):
         for e in self._events:
             if e[0] == "bwd":
                 _, oid, stepped, z = e
-                if z == 0.0:
+                if stepped is None:
+                    self._cand[oid] = None   # not judged (see backward_started)
+                elif z == 0.0:
                     self._cand[oid] = False  # zeroed (or never had a gradient)
                 elif stepped:
                     self._cand[oid] = True   # stepped, yet the gradients are still there
-            else:
+            elif self._cand.get(e[1], False) is not None:
                 self.examined += 1
                 self.stale += bool(self._cand.get(e[1]))
         self._events = []
@@ -217,6 +254,9 @@ class LoopWatch(Measurement):
     # ---- results -------------------------------------------------------------------------
     def _first_layer(self, ids: set[int]) -> str | None:
         order = {n: i for i, n in enumerate(self._ctx.order)} if self._ctx is not None else {}
+        if self._ctx is not None and any(i not in self._layer_of for i in ids):
+            # a parameter of a module swapped in that the monitor has not mapped yet
+            self._map(monitored_modules(self._ctx.root))
         layers = {self._layer_of[i] for i in ids if i in self._layer_of}
         return min(layers, key=lambda n: (order.get(n, len(order)), n)) if layers else None
 
@@ -268,6 +308,10 @@ class LoopWatch(Measurement):
         if not self._held() or not self._opt_checked:
             for sig in (STALE_STEPS, STALE_CHECKED, ORPHAN_PARAMS, DETACHED_PARAMS, LOOP_CHECKED):
                 out[sig] = NO_OPTIMIZER
+        elif self._opt_events and not self.examined and not self._events:
+            for sig in (STALE_STEPS, STALE_CHECKED):
+                out[sig] = ("no optimizer step could be judged: an unchecked step (every > 1) was open after each "
+                            "step, so the backward passes that followed it were not seen")
         if not self._prob_n:
             out[PROB_SHARE_SIG] = ("the model's output was never examined (its forward was not the entry point, "
                                    "or it ran under torch.compile)")
