@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.injections import GENERAL, LABEL_FAULTS, register_general
+from models.injections import GENERAL, LABEL_FAULTS, Injection, register_general, register_injection
 from models.registry import ArchSpec, Trainer, register_arch, scale_weights
+from neuraldbg.faults import width_one
 
 
 def make_shapes(
@@ -142,3 +143,14 @@ SPEC = register_arch(ArchSpec(
     notes="arch_unstable: 12 extra 3x3 conv+sigmoid layers, sigmoids throughout",
 ))
 register_general("cnn", GENERAL + LABEL_FAULTS)
+
+
+register_injection(Injection(
+    name="bottleneck_width1", archs=("cnn",), truth=("unexplained", "not_learning"), symptom="stuck",
+    layer_of="blocks.1",
+    description="the last conv block's output squeezed through one unit (one number per image reaches the head)",
+    why="rate, init, data and loop are the healthy ones, and nothing explodes, vanishes or saturates: four "
+        "shapes cannot be told apart from one number, so the loss stays at chance -- a cause the network "
+        "does not model (the leak)",
+    trainer=lambda trainer, inj: width_one(trainer.model.get_submodule(inj.layer)),
+))

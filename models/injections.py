@@ -253,10 +253,13 @@ def _softmax_logits(trainer, inj: Injection) -> None:
 #: model's own output)
 LOOP_ARCHS = ("mlp", "cnn", "lstm", "gnn", "transformer", "diffusion", "dcgan", "rl")
 SOFTMAX_ARCHS = ("mlp", "cnn", "gnn", "transformer", "lora")
+#: the GNN is left out of the stale gradients: full-batch Adam on the running sum of every
+#: gradient so far learns on some seeds and not on others, so the run shows no fixed symptom
+STALE_ARCHS = tuple(a for a in LOOP_ARCHS if a != "gnn") + ("lora",)
 
 register_injection(Injection(
-    name="zero_grad_missing", archs=LOOP_ARCHS + ("lora",), truth=("training_loop", "stale_gradients"),
-    symptom="none",
+    name="zero_grad_missing", archs=STALE_ARCHS, truth=("training_loop", "stale_gradients"),
+    symptom="worse",
     description="optimizer.zero_grad() is never called: every backward adds to the gradients of all steps before",
     why="model, data and learning rate are the healthy ones; only the loop's zero_grad is gone",
     skip_zero_grad=True,

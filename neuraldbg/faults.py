@@ -223,3 +223,15 @@ def softmax_output(module: nn.Module, dim: int = -1) -> Any:
     log-softmax loss (``CrossEntropyLoss``) then treats as logits. A forward hook; the handle
     removes it."""
     return module.register_forward_hook(lambda m, args, out: torch.softmax(out, dim=dim))
+
+
+def _one_wide(out: torch.Tensor) -> torch.Tensor:
+    flat = out.flatten(1)
+    return flat[:, :1].expand_as(flat).reshape(out.shape)
+
+
+def width_one(module: nn.Module) -> Any:
+    """Squeeze ``module``'s output through one unit: every feature of a sample carries the value
+    of its first one, so what follows sees one number per sample (a width-1 bottleneck, such as a
+    hidden size typed as 1). A forward hook; the handle removes it."""
+    return module.register_forward_hook(lambda m, args, out: _one_wide(out))

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import models
-from models.injections import LABEL_FAULTS, Injection, register_injection
+from models.injections import LABEL_FAULTS, LOOP_ARCHS, Injection, register_injection
 from neuraldbg.vocab import ROOTS
 from zoo_testing import cached_run
 
@@ -42,14 +42,20 @@ def test_injections_are_bound_and_well_formed(arch):
     # a fault per root-cause variable (LoRA's frozen base leaves no architecture fault; the
     # loop bugs are injected where a loop of that kind can have them, the leak wherever a
     # stall outside the network can be built)
-    expected = set(ROOTS) - ({"architecture"} if arch == "lora" else set()) - {"training_loop", "unexplained"}
+    expected = set(ROOTS) - ({"architecture"} if arch == "lora" else set())
+    if arch not in LOOP_ARCHS + ("lora",):
+        expected -= {"training_loop"}
+    if arch != "cnn":
+        expected -= {"unexplained"}
     assert {i.truth[0] for i in injs[1:]} == expected
 
 
 def test_general_injections_cover_the_mlp_family():
-    for arch in ("mlp", "cnn", "compiled", "dataparallel"):
+    loop = {"zero_grad_missing", "optimizer_misses_layer", "layer_detached", "softmax_before_ce"}
+    for arch in ("compiled", "dataparallel"):
         assert set(models.injection_names(arch)) == GENERAL | set(LABEL_FAULTS)
-    assert set(models.injection_names("compiled")) == set(models.injection_names("mlp"))
+    assert set(models.injection_names("mlp")) == GENERAL | set(LABEL_FAULTS) | loop
+    assert set(models.injection_names("cnn")) == GENERAL | set(LABEL_FAULTS) | loop | {"bottleneck_width1"}
 
 
 @pytest.mark.parametrize("arch", sorted(EXPECTED))
@@ -163,7 +169,7 @@ class FakeDbg:
         self.losses.append(float(loss.detach()))
         self.steps.append(self.step)
         # gradients are there (after backward) and the optimizer has not stepped yet
-        p = next(p for p in self.optimizer.param_groups[0]["params"] if p.grad is not None)
+        p = next(p for p in self.model.parameters() if p.grad is not None)
         self.grads_at_record.append(p.grad.detach().clone())
         self.param_at_record = p.detach().clone()
         self.param = p
@@ -186,11 +192,17 @@ def test_monitor_wraps_training(fake_monitor, arch):
     dbg = r.dbg
     assert isinstance(dbg, FakeDbg) and dbg.entered and dbg.exited
     assert dbg.family == models.family(arch)
-    assert dbg.optimizer is not None
+    assert dbg.optimizer is None  # found by the monitor, as for a user who passes none
     assert dbg.steps == list(range(6))
     assert dbg.losses == pytest.approx(r.losses, nan_ok=True)
     assert r.losses == bare.losses  # a passive monitor changes nothing
     assert dbg.forward_calls >= 6  # leaf hooks registered by the monitor see every step
+
+
+def test_the_optimizer_is_handed_over_only_with_snapshots(fake_monitor):
+    """The first snapshot is taken before any optimizer stepped: it needs the optimizer given."""
+    r = models.run("mlp", "healthy", 0, steps=2, monitor={"snapshots": True})
+    assert r.dbg.optimizer is not None and r.dbg.kw["snapshots"] is True
 
 
 def test_monitor_dict_overrides_family_and_passes_kwargs(fake_monitor):
