@@ -89,6 +89,16 @@ class AddonContext(Protocol):
     def census(self) -> list[tuple[str, Any, Any, float]]:
         """``(layer, module, weight, norm)`` of every dense weight matrix, measured on entry."""
 
+    @property
+    def first_loss(self) -> float | None:
+        """The first recorded loss, once it reached the host (``None`` before)."""
+
+    @property
+    def loss_is_cross_entropy(self) -> bool | None:
+        """Whether the first loss given to ``record_loss`` is a cross-entropy (its autograd graph
+        ends in a negative log-likelihood); ``None`` when it cannot be told (a number, a detached
+        tensor) or no loss was recorded yet."""
+
     def measuring(self) -> bool:
         """Whether a training forward of a checked step is running now (what hooks measure)."""
 

@@ -69,6 +69,18 @@ def check_export(export: Any) -> Any:
     raise TypeError(f"export must be None, True (the trainer's output folder) or a path, got {type(export).__name__}")
 
 
+def resumed_kwargs(kwargs: dict[str, Any], step: int | None, checkpoint: Any = None) -> dict[str, Any]:
+    """``kwargs`` with ``at_init`` saying the run resumed from a checkpoint at ``step`` (the
+    restored weights are no initialization, ``neuraldbg/monitor/measurements/weights.py``),
+    when ``step`` or ``checkpoint`` tells of a resume and the user did not pass ``at_init``."""
+    if "at_init" in kwargs or (not step and not checkpoint):
+        return kwargs
+    where = f" ({checkpoint})" if checkpoint else ""
+    log.info("neuraldbg: resumed from a checkpoint at step %s%s; the weights' scale is not read as an "
+             "initialization", step, where)
+    return {**kwargs, "at_init": f"resumed from a checkpoint at step {step}{where}"}
+
+
 def start(model: Any, optimizer: Any, kwargs: dict[str, Any]) -> Any:
     """A :class:`NeuralDbg` on ``model``, entered. Bad arguments raise (before training starts)."""
     from neuraldbg.monitor.monitor import NeuralDbg

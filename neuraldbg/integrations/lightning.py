@@ -2,8 +2,13 @@
 
 ``NeuralDbgCallback(export=None, **neuraldbg_kwargs)``:
 
-- ``on_fit_start``: a :class:`~neuraldbg.NeuralDbg` on the ``LightningModule`` with the
-  trainer's optimizer (when it has exactly one; the step size is not measured otherwise);
+- ``on_train_start``: a :class:`~neuraldbg.NeuralDbg` on the ``LightningModule`` with the
+  trainer's optimizer (when it has exactly one; the step size is not measured otherwise).
+  Lightning restores a checkpoint's weights, optimizer state and ``global_step`` after
+  ``on_fit_start`` and before ``on_train_start``, so the monitor sees the run as it resumes;
+  when ``fit(..., ckpt_path=...)`` resumed (``trainer.ckpt_path`` set, or ``global_step > 0``)
+  it gets ``at_init="resumed from a checkpoint at step N"`` unless ``at_init`` was given: the
+  restored weights are not read as an initialization;
 - ``on_train_batch_start``: the monitor's step is ``trainer.global_step`` (optimizer steps, so
   the micro-batches of ``accumulate_grad_batches`` share one step);
 - ``on_train_batch_end``: the loss from ``outputs`` (Lightning divides it by the accumulation
@@ -48,7 +53,15 @@ class _Hooks(common.CallbackBase):
 
     # ---- lifecycle ---------------------------------------------------------------------
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        """Enter the monitor on the module, with the trainer's optimizer."""
+        """A new fit: close a run that ended without ``on_fit_end``, forget the last diagnosis."""
+        if self._active:
+            self._finish(trainer, None)
+        self.diagnosis = None
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        """Enter the monitor on the module, with the trainer's optimizer, once a checkpoint
+        being resumed is restored (after ``on_fit_start``: ``Trainer._run`` restores the
+        training state between the two hooks)."""
         if self._active:  # a fit that ended without on_fit_end: close that run first
             self._finish(trainer, None)
         opts = list(getattr(trainer, "optimizers", None) or [])
@@ -62,8 +75,9 @@ class _Hooks(common.CallbackBase):
         # now, on every rank: trainer.log_dir is a collective (a broadcast), which a rank that
         # raised could not join at on_exception
         self._log_dir = common.guarded(self._reported, "finding the log folder", _log_dir, trainer)
-        self.dbg = common.start(pl_module, common.unwrap_optimizer(opts[0]) if len(opts) == 1 else None,
-                                self.neuraldbg_kwargs)
+        kwargs = common.resumed_kwargs(self.neuraldbg_kwargs, int(getattr(trainer, "global_step", 0) or 0),
+                                       getattr(trainer, "ckpt_path", None))
+        self.dbg = common.start(pl_module, common.unwrap_optimizer(opts[0]) if len(opts) == 1 else None, kwargs)
         self._active = True
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:

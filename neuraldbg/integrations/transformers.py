@@ -3,7 +3,10 @@
 ``NeuralDbgCallback(export=None, **neuraldbg_kwargs)`` is a ``transformers.TrainerCallback``:
 
 - ``on_train_begin``: a :class:`~neuraldbg.NeuralDbg` on the ``model`` the trainer passes,
-  with its ``optimizer`` (accelerate's wrapper looked through);
+  with its ``optimizer`` (accelerate's wrapper looked through). ``train(resume_from_checkpoint=...)``
+  has restored the weights, the optimizer state and ``state.global_step`` by then: a run that
+  starts at ``global_step > 0`` gets ``at_init="resumed from a checkpoint at step N"`` unless
+  ``at_init`` was given, so the restored weights are not read as an initialization;
 - ``on_step_begin``: the monitor's step is ``state.global_step``, so the
   ``gradient_accumulation_steps`` micro-batches of one optimizer step share one step;
 - the loss: each training forward's ``outputs.loss`` (what ``Trainer.compute_loss`` reads),
@@ -64,7 +67,8 @@ class _Hooks(common.CallbackBase):
         self._zero = bool(getattr(state, "is_world_process_zero", True))
         self._live = common.LiveMetrics()
         self._handler = common.guarded(self._reported, "finding the Trainer's callbacks", self._go_first)
-        self.dbg = common.start(model, common.unwrap_optimizer(optimizer), self.neuraldbg_kwargs)
+        kwargs = common.resumed_kwargs(self.neuraldbg_kwargs, int(getattr(state, "global_step", 0) or 0))
+        self.dbg = common.start(model, common.unwrap_optimizer(optimizer), kwargs)
         self._active = True
         self._handle = common.guarded(self._reported, "hooking the loss", model.register_forward_hook, self._forward)
 

@@ -95,6 +95,16 @@ class PartContext:
         """The weight census taken on entry."""
         return self._dbg._census
 
+    @property
+    def first_loss(self) -> float | None:
+        """The first recorded loss, once it reached the host."""
+        return self._dbg._loss.first
+
+    @property
+    def loss_is_cross_entropy(self) -> bool | None:
+        """Whether the first recorded loss is a cross-entropy (``None``: unknown, or none yet)."""
+        return self._dbg._loss_is_ce
+
     def measuring(self) -> bool:
         """Whether a training forward of a checked step is running now."""
         hooks = self._dbg._hooks

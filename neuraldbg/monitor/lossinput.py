@@ -45,3 +45,34 @@ def _is_numpy(x: Any) -> bool:
     # np.float64 subclasses float and np.bool_ registers as nothing; route every numpy value
     # through the dtype check so np.float64(nan) and np.float32 behave the same
     return type(x).__module__ == "numpy"
+
+
+#: autograd nodes of a negative log-likelihood: what ``F.cross_entropy`` and ``F.nll_loss`` end in
+_NLL_NODES = ("NllLossBackward", "NllLoss2DBackward", "NllLossNdBackward")
+#: how far up a loss's graph the likelihood node is looked for (a mean over micro-batches, a
+#: division by the accumulation count, a sum of two terms sit between it and the loss)
+_GRAPH_DEPTH = 6
+#: graph nodes visited at most: a bounded walk, once per run
+_GRAPH_NODES = 64
+
+
+def is_cross_entropy(loss: Any) -> bool | None:
+    """Whether ``loss`` is a cross-entropy (its autograd graph reaches a negative
+    log-likelihood node within a few nodes): ``None`` when it cannot be told (a number, a
+    detached tensor). Reads the graph's nodes only, never a value: no device sync. Only a
+    cross-entropy is read against chance level ``ln K`` (``neuraldbg/causal/nodes/run.py``)."""
+    fn = getattr(loss, "grad_fn", None) if isinstance(loss, torch.Tensor) else None
+    if fn is None:
+        return None
+    frontier, seen = [fn], 0
+    for _ in range(_GRAPH_DEPTH):
+        nxt = []
+        for node in frontier:
+            if type(node).__name__.startswith(_NLL_NODES):
+                return True
+            seen += 1
+            if seen > _GRAPH_NODES:
+                return False
+            nxt.extend(f for f, _ in getattr(node, "next_functions", ()) if f is not None)
+        frontier = nxt
+    return False

@@ -29,7 +29,7 @@ from neuraldbg.monitor.context import PartContext, Parts
 from neuraldbg.monitor.family import detect_family
 from neuraldbg.monitor.history import LossHistory
 from neuraldbg.monitor.hooks import ModuleHooks
-from neuraldbg.monitor.lossinput import loss_value
+from neuraldbg.monitor.lossinput import is_cross_entropy, loss_value
 from neuraldbg.monitor.measurements import parts_for
 from neuraldbg.monitor.measurements.reference import ReferenceLoss, check_reference
 from neuraldbg.monitor.measurements.weights import weight_census
@@ -128,6 +128,8 @@ class NeuralDbg(CausalQueries):
         self._last_step = 0
         self._entered = self._exited = False
         self._census: list = []  # the weight matrices and their norms on entry
+        self._first_loss_seen = False
+        self._loss_is_ce: bool | None = None  # whether the first recorded loss is a cross-entropy
         self._closed_active = False  # whether the step closed last was a checked one
         self.rank, self.world_size = dist_rank()
         self._optimizers = OptimizerWatch(self.root, optimizer, self._optimizer_pre, self._optimizer_post)
@@ -247,7 +249,12 @@ class NeuralDbg(CausalQueries):
         """
         if self._exited:
             raise RuntimeError("record_loss called after the with block exited; create a new NeuralDbg per run")
-        self._hooks.add_loss(loss_value(loss))
+        value = loss_value(loss)
+        if not self._first_loss_seen:
+            # once per run, before the detach: whether the loss can be read against chance level
+            self._first_loss_seen = True
+            self._safe(lambda: setattr(self, "_loss_is_ce", is_cross_entropy(loss)), "loss kind")
+        self._hooks.add_loss(value)
         if not self._user_steps:
             self._safe(self._close_step, "close")
             self._start_step(self._step + 1)

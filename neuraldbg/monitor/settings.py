@@ -25,7 +25,8 @@ class Settings:
     ``priors`` is the validated :class:`~neuraldbg.causal.priors.Priors` (``None``: the
     family's shipped priors); ``detectors`` the names of the detectors to run (``None``: all);
     ``at_init`` whether the weights on entry are an initialization (``None``: decide from the
-    run, e.g. an optimizer that already holds state means a resume).
+    run, e.g. an optimizer that already holds state means a resume; a string: not at
+    initialization, and why, as the framework callbacks say it of a resume).
     """
 
     family: str
@@ -41,7 +42,7 @@ class Settings:
     autosave_interval: float = 30.0
     reference: Callable[[Any], Any] | None = None
     reference_every: int = DEFAULT_REFERENCE_EVERY
-    at_init: bool | None = None
+    at_init: bool | str | None = None
 
     def as_kwargs(self) -> dict[str, Any]:
         """The keyword arguments that build a monitor with these settings:
@@ -96,8 +97,24 @@ def check_detectors(detectors: Iterable[str] | None) -> tuple[str, ...] | None:
     return tuple(detectors)
 
 
-def check_at_init(at_init: Any) -> bool | None:
-    """``at_init`` as ``True``, ``False`` or ``None``."""
+def check_at_init(at_init: Any) -> bool | str | None:
+    """``at_init`` as ``True``, ``False``, ``None`` or a non-empty string (not at initialization,
+    and why: "resumed from a checkpoint at step 500")."""
+    if isinstance(at_init, str):
+        if not at_init.strip():
+            raise ValueError("at_init as a string says why the weights are not at initialization; got an empty one")
+        return at_init.strip()
     if at_init is not None and not isinstance(at_init, bool):
-        raise TypeError(f"at_init must be True, False or None (decide from the run), got {at_init!r}")
+        raise TypeError("at_init must be True, False, None (decide from the run) or a string saying why the weights "
+                        f"are not at initialization, got {at_init!r}")
     return at_init
+
+
+def not_at_init(at_init: bool | str | None) -> str | None:
+    """Why the weights on entry are not an initialization, as the settings say it (``None``: they
+    are, or the run decides): the coverage reason of the initialization's signatures."""
+    if isinstance(at_init, str):
+        return f"not at initialization: {at_init}"
+    if at_init is False:
+        return "not at initialization (at_init=False: resumed, loaded or pre-trained weights)"
+    return None

@@ -122,3 +122,84 @@ def test_both_import_paths():
     cb = cls()
     fit(LR * 1000, callback=cb, pl=pl)
     assert top_cause(cb.dbg) == ("learning_rate", "too_high")
+
+
+# ---- resuming from a checkpoint: the restored weights are not an initialization ----------------
+
+def plain_sgd_class(pl):
+    """The tiny module under plain SGD (no momentum: its optimizer holds no state to tell of a
+    resume), whose learning rate on resuming is its own, not the checkpoint's (set in
+    ``on_train_start``, after Lightning restored the optimizer)."""
+    class PlainSGD(module_class(pl)):
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+        def on_train_start(self):
+            for group in self.trainer.optimizers[0].param_groups:
+                group["lr"] = self.lr
+    return PlainSGD
+
+
+def trainer_for(steps, tmp_path, callback=None, pl=L):
+    return pl.Trainer(max_steps=steps, callbacks=[callback] if callback else [], logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      accelerator="cpu", devices=1, num_sanity_val_steps=0, default_root_dir=str(tmp_path))
+
+
+def checkpoint(tmp_path, pl=L):
+    """A checkpoint after STEPS healthy steps."""
+    module = plain_sgd_class(pl)(LR)
+    trainer = trainer_for(STEPS, tmp_path, pl=pl)
+    trainer.fit(module, torch.utils.data.DataLoader(batches(STEPS), batch_size=None))
+    path = tmp_path / "trained.ckpt"
+    trainer.save_checkpoint(path)
+    return path
+
+
+def resume(path, lr, tmp_path, callback, pl=L):
+    """``fit(..., ckpt_path=path)`` for STEPS more steps at ``lr``."""
+    trainer = trainer_for(2 * STEPS, tmp_path, callback, pl=pl)
+    trainer.fit(plain_sgd_class(pl)(lr), torch.utils.data.DataLoader(batches(2 * STEPS), batch_size=None),
+                ckpt_path=str(path))
+    return trainer
+
+
+def init_faulty(post):
+    """P(initialization is not ok)."""
+    return 1 - post["initialization"]["ok"]
+
+
+def test_resumed_run_blamed_the_initialization_at_p_1_00(tmp_path):
+    """Regression: a run resumed with ``ckpt_path`` whose learning rate is too high was diagnosed
+    initialization/too_large at p = 1.00, its restored weights measured as if initial."""
+    path = checkpoint(tmp_path)
+    cb = integration.NeuralDbgCallback()
+    resume(path, LR * 1000, tmp_path, cb)
+    post = cb.dbg.posterior()
+    assert cb.dbg.trace().first_step == STEPS  # the monitor starts where the checkpoint left off
+    assert init_faulty(post) < 0.5
+    assert top_cause(cb.dbg) == ("learning_rate", "too_high")
+    assert all(h.cause != "initialization" for h in cb.dbg.get_causal_hypotheses())
+    cov = cb.dbg.coverage()["init_scale"]
+    assert not cov.observed
+    assert cov.reason.startswith(f"not at initialization: resumed from a checkpoint at step {STEPS}")
+
+
+def test_healthy_resume_stays_quiet(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="neuraldbg")
+    path = checkpoint(tmp_path)
+    cb = integration.NeuralDbgCallback()
+    resume(path, LR, tmp_path, cb)
+    post = cb.dbg.posterior()
+    assert post.is_healthy and post.p_healthy >= 0.5 and cb.diagnosis.healthy
+    assert warnings_of(caplog) == []
+    assert all(h.cause != "initialization" for h in cb.dbg.get_causal_hypotheses())
+    assert "resumed from a checkpoint" in cb.dbg.coverage()["init_scale"].reason
+
+
+def test_an_explicit_at_init_wins_over_the_resume(tmp_path):
+    path = checkpoint(tmp_path)
+    cb = integration.NeuralDbgCallback(at_init=True)
+    resume(path, LR, tmp_path, cb)
+    assert cb.dbg.settings.at_init is True
+    assert cb.dbg.coverage()["init_scale"].observed  # measured, as the user asked

@@ -135,3 +135,49 @@ def test_bad_arguments_name_the_valid_ones():
     with pytest.raises(TypeError, match="takes them from the trainer"):
         integration.NeuralDbgCallback(model=None)
     assert isinstance(integration.NeuralDbgCallback(), transformers.TrainerCallback)
+
+
+# ---- train(resume_from_checkpoint=...): the restored weights are not an initialization ---------
+
+def resumable(lr_after, tmp_path, steps, callback=None):
+    """A Trainer on the tiny task whose learning rate is LR for the first STEPS steps and
+    ``lr_after`` from there on (a LambdaLR: its factor is code, not checkpoint state), saving a
+    checkpoint at step STEPS."""
+    model = Tiny()
+    opt = optimizer(model.parameters(), LR)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 if step < STEPS else lr_after / LR)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=32, use_cpu=True,
+        report_to=[], save_strategy="steps", save_steps=STEPS, logging_strategy="no", disable_tqdm=True,
+        max_grad_norm=0.0, seed=0)
+    return transformers.Trainer(model=model, args=args, train_dataset=samples(2 * STEPS), optimizers=(opt, sched),
+                                callbacks=[callback] if callback else [])
+
+
+def resumed(lr_after, tmp_path):
+    """Train STEPS healthy steps to a checkpoint, then resume it for STEPS more under the callback."""
+    resumable(lr_after, tmp_path, STEPS).train()
+    cb = integration.NeuralDbgCallback()
+    checkpoint = tmp_path / "out" / f"checkpoint-{STEPS}"
+    resumable(lr_after, tmp_path, 2 * STEPS, cb).train(resume_from_checkpoint=str(checkpoint))
+    return cb
+
+
+def test_a_resumed_train_does_not_blame_the_initialization(tmp_path):
+    cb = resumed(LR * 1000, tmp_path)
+    post = cb.dbg.posterior()
+    assert cb.dbg.trace().first_step == STEPS
+    assert 1 - post["initialization"]["ok"] < 0.5
+    assert top_cause(cb.dbg) == ("learning_rate", "too_high")
+    assert all(h.cause != "initialization" for h in cb.dbg.get_causal_hypotheses())
+    cov = cb.dbg.coverage()["init_scale"]
+    assert not cov.observed and cov.reason == f"not at initialization: resumed from a checkpoint at step {STEPS}"
+
+
+def test_a_healthy_resumed_train_stays_quiet(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="neuraldbg")
+    cb = resumed(LR, tmp_path)
+    post = cb.dbg.posterior()
+    assert post.is_healthy and post.p_healthy >= 0.5 and cb.diagnosis.healthy
+    assert warnings_of(caplog) == []
+    assert "resumed from a checkpoint" in cb.dbg.coverage()["init_scale"].reason

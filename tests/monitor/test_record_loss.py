@@ -81,3 +81,17 @@ def test_after_exit_record_loss_raises_and_reentry_says_already_used():
         with dbg:
             pass
     assert dbg.trace().loss.n == 1  # the late call recorded nothing
+
+
+def test_is_cross_entropy_reads_the_graph_only():
+    from torch.nn import functional as F
+
+    from neuraldbg.monitor.lossinput import is_cross_entropy
+    x = torch.randn(4, 3, requires_grad=True)
+    y = torch.tensor([0, 1, 2, 0])
+    assert is_cross_entropy(F.cross_entropy(x, y)) is True
+    assert is_cross_entropy(F.cross_entropy(x, y) / 2) is True  # divided by the accumulation count
+    assert is_cross_entropy(F.cross_entropy(x, y, label_smoothing=0.1)) is True
+    assert is_cross_entropy(F.mse_loss(x, torch.zeros(4, 3))) is False
+    assert is_cross_entropy(F.cross_entropy(x, y).detach()) is None
+    assert is_cross_entropy(1.0) is None

@@ -33,6 +33,8 @@ def test_settings_hold_every_argument_validated_and_rebuild_the_monitor(tmp_path
     ({"config": 3}, TypeError, "config must be a DetectorConfig or dict"),
     ({"detectors": "gradient"}, TypeError, "a list of detector names"),
     ({"scaler": object()}, TypeError, "torch.amp.GradScaler"),
+    ({"at_init": 1}, TypeError, "at_init must be True, False, None .* or a string"),
+    ({"at_init": "  "}, ValueError, "says why the weights are not at initialization"),
 ])
 def test_bad_arguments_name_what_is_valid(kw, err, match):
     with pytest.raises(err, match=match):

@@ -15,10 +15,12 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from neuraldbg.causal.nodes.causes import ADAPTER_N, ADAPTER_RATIO, INIT_SCALE_LOG10, INIT_SCALE_N
+from neuraldbg.causal.nodes.causes import ADAPTER_N, ADAPTER_RATIO, INIT_SCALE_LOG10, INIT_SCALE_N, TRAINED_START
 from neuraldbg.causal.nodes.run import STARTED_TRAINED
 from neuraldbg.lifecycle import AddonContext, Measurement
 from neuraldbg.monitor.measurements import register_measurement
+from neuraldbg.monitor.measurements.output import last_out_features
+from neuraldbg.monitor.settings import not_at_init
 from neuraldbg.monitor.stats import is_plain
 
 #: the std of transformer libraries' ``initializer_range`` convention (GPT-2, BERT, ViT, Llama)
@@ -151,24 +153,30 @@ def adapter_scale(root: nn.Module) -> tuple[float | None, int]:
 class _EntryWeights(Measurement):
     """A measurement of the weights as training finds them, valid only at initialization.
 
-    A monitor entered on weights that are not at initialization -- ``at_init=False`` (a resume
-    the callbacks report, a loaded or pre-trained model), or an optimizer that already holds state
-    before its first step under the monitor (a resumed run) -- measures nothing here: the trained
-    weights are no evidence about the initialization (``docs/api.md``, "Coverage").
+    A monitor entered on weights that are not at initialization measures nothing here: the
+    trained weights are no evidence about the initialization (``docs/api.md``, "Coverage").
+    Three signs tell it, each read only while ``at_init`` is ``None`` after the one before:
+
+    - ``at_init=False`` or a string saying why (the framework callbacks pass "resumed from a
+      checkpoint at step N" when ``fit``/``train`` resumes);
+    - an optimizer that already holds state on entry or before its first step (a resumed run);
+    - for the weight scale only (:class:`InitScale`), the first recorded loss far below chance
+      (:func:`trained_start`): a loaded or pre-trained model under a fresh optimizer.
     """
 
     def __init__(self) -> None:
         self.value: tuple[float | None, int] = (None, 0)
         self.not_at_init: str | None = None
         self._seen: set[int] = set()
+        self._ctx: AddonContext | None = None
 
     def enter(self, ctx: AddonContext) -> None:
         """Measure now, unless the run is known not to start at initialization."""
-        if ctx.settings.at_init is False:
-            self.not_at_init = "not at initialization (at_init=False: resumed, loaded or pre-trained weights)"
-        elif ctx.optimizer is not None and _has_state(ctx.optimizer):
+        self._ctx = ctx
+        self.not_at_init = not_at_init(ctx.settings.at_init)
+        if self.not_at_init is None and ctx.optimizer is not None and _has_state(ctx.optimizer):
             self.not_at_init = "not at initialization: the optimizer already held state on entry (a resumed run)"
-        else:
+        if self.not_at_init is None:
             self.value = self.measure(ctx)
 
     def measure(self, ctx: AddonContext) -> tuple[float | None, int]:  # pragma: no cover - abstract
@@ -185,9 +193,38 @@ class _EntryWeights(Measurement):
                                 "first step (a resumed run)")
             self.value = (None, 0)
 
+    def reason(self) -> str | None:
+        """Why the run did not start at initialization (``None``: it did, as far as is known)."""
+        return self.not_at_init
+
     def gaps(self) -> dict[Any, str]:
         """Every signature unmeasured, when the run did not start at initialization."""
-        return {sig: self.not_at_init for sig in self.signatures} if self.not_at_init else {}
+        why = self.reason()
+        return {sig: why for sig in self.signatures} if why else {}
+
+
+def trained_start(ctx: AddonContext) -> str | None:
+    """Why the first recorded loss says the model was trained before this run, or ``None``.
+
+    A ``K``-way classifier at initialization predicts near-uniformly, so its cross-entropy starts
+    near chance level ``ln K`` (a blown-up one far above it); a first loss below
+    :data:`~neuraldbg.causal.nodes.causes.TRAINED_START` of ``ln K`` means the model already knows
+    its task (``docs/causal_model.md``). Read only when all of it is known: the loss is a
+    cross-entropy (its graph, :func:`~neuraldbg.monitor.lossinput.is_cross_entropy`; a
+    regression loss sits far below ``ln K`` at any initialization), ``K >= 2`` (the output
+    size) and the first loss is finite.
+    """
+    first = ctx.first_loss
+    if first is None or not math.isfinite(first) or ctx.loss_is_cross_entropy is not True:
+        return None
+    k = last_out_features(ctx.order, dict(ctx.modules))
+    if k is None or k < 2:
+        return None
+    chance = math.log(k)
+    if first >= TRAINED_START * chance:
+        return None
+    return (f"not at initialization: the first loss {first:.3g} is {first / chance:.2f}x chance level "
+            f"ln {k} = {chance:.3g} (loaded or pre-trained weights)")
 
 
 def _has_state(optimizer: Any) -> bool:
@@ -205,6 +242,28 @@ class InitScale(_EntryWeights):
 
     signatures = (INIT_SCALE_LOG10, INIT_SCALE_N, STARTED_TRAINED)
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._adapters: bool | None = None
+
+    def reason(self) -> str | None:
+        """Why the run did not start at initialization; the first-loss sign is read here, once
+        the first loss has reached the host. Not on a model with low-rank adapters: its base is
+        pre-trained by design, a loss below chance says nothing of the adapters, which are the
+        fine-tune's initialization (:class:`AdapterScale`), and the base's scale keeps the
+        reading ``neuraldbg/causal/nodes/causes.py`` gives it (``TRAINED_START``)."""
+        ctx = self._ctx
+        if self.not_at_init is None and ctx is not None and ctx.settings.at_init is None:
+            why = trained_start(ctx)
+            if why is not None and not self._has_adapters(ctx):
+                self.not_at_init, self.value = why, (None, 0)
+        return self.not_at_init
+
+    def _has_adapters(self, ctx: AddonContext) -> bool:
+        if self._adapters is None:  # one walk of the model, only once the sign is met
+            self._adapters = bool(low_rank_adapters(ctx.root))
+        return self._adapters
+
     def measure(self, ctx: AddonContext) -> tuple[float | None, int]:
         """The median factor over the census' weight matrices."""
         return init_scale(ctx.modules, config_init_range(ctx.root), census=ctx.census)
@@ -212,15 +271,17 @@ class InitScale(_EntryWeights):
     def summary(self) -> dict[Any, Any]:
         """The factor and the count, when any weight matrix was measured; why the run did not
         start at initialization, when it did not (one part says it for every reader)."""
+        why = self.reason()
         f, n = self.value
         out: dict[Any, Any] = {} if f is None else {INIT_SCALE_LOG10: f, INIT_SCALE_N: n}
-        if self.not_at_init:
-            out[STARTED_TRAINED] = self.not_at_init
+        if why:
+            out[STARTED_TRAINED] = why
         return out
 
     def gaps(self) -> dict[Any, str]:
         """The scale unmeasured when the run did not start at initialization."""
-        return {sig: self.not_at_init for sig in (INIT_SCALE_LOG10, INIT_SCALE_N)} if self.not_at_init else {}
+        why = self.reason()
+        return {sig: why for sig in (INIT_SCALE_LOG10, INIT_SCALE_N)} if why else {}
 
 
 @register_measurement

@@ -99,3 +99,72 @@ def test_adapter_scale_on_hand_set_weights():
         m.lora_B["default"].weight.zero_()
     assert G.adapter_scale(m) == (0.0, 1)   # LoRA's own start: B = 0
     assert G.adapter_scale(nn.Linear(3, 3)) == (None, 0)
+
+
+# ---- runs that do not start at initialization -----------------------------------------------
+
+def trained_state(steps=60, seed=0):
+    """The state_dict of tiny.mlp after a healthy run (its loss well below chance ln 3)."""
+    from tests.tiny import run
+    return {k: v.clone() for k, v in run(steps=steps, lr=0.2, seed=seed).model.state_dict().items()}
+
+
+def test_a_loaded_trained_state_dict_under_a_fresh_optimizer_is_not_read_as_an_initialization():
+    from tests.tiny import batches, mlp, run
+    model = mlp()
+    model.load_state_dict(trained_state())
+    r = run(model, steps=40, lr=0.05, data=batches(100)[60:], monitor={"optimizer": True})
+    dbg = r.dbg
+    post = dbg.posterior()
+    assert post.is_healthy and post.p_healthy >= 0.5
+    assert all(h.cause != "initialization" for h in dbg.get_causal_hypotheses())
+    cov = dbg.coverage()["init_scale"]
+    assert not cov.observed and cov.reason.startswith("not at initialization: the first loss")
+    assert "x chance level ln 3" in cov.reason
+
+
+def test_a_fresh_run_is_read_at_initialization():
+    from tests.tiny import run
+    for seed in range(3):  # a fresh classifier starts near chance ln K, whatever the seed
+        dbg = run(steps=30, seed=seed, monitor={"optimizer": True}).dbg
+        assert dbg.coverage()["init_scale"].observed, seed
+
+
+def test_the_first_loss_sign_reads_only_a_cross_entropy():
+    """A regression loss sits far below ln K at any initialization: it says nothing of training."""
+    from neuraldbg import NeuralDbg
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for _ in range(5):
+            x = torch.randn(16, 8)
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), torch.zeros(16, 10))
+            loss.backward()
+            dbg.record_loss(loss)
+            opt.step()
+    assert dbg.trace().loss.history[0][1] < G.TRAINED_START * math.log(10)
+    assert dbg.coverage()["init_scale"].observed
+
+
+def test_a_float_loss_decides_nothing():
+    from tests.tiny import mlp
+    from neuraldbg import NeuralDbg
+    model = mlp()
+    model.load_state_dict(trained_state())
+    with NeuralDbg(model) as dbg:
+        dbg.record_loss(0.01)  # a number: whether it is a cross-entropy cannot be told
+    assert dbg.coverage()["init_scale"].observed
+
+
+def test_at_init_wins_over_the_first_loss():
+    from tests.tiny import batches, mlp, run
+    for at_init, observed in ((True, True), ("loaded from my_run.pt", False)):
+        model = mlp()
+        model.load_state_dict(trained_state())
+        dbg = run(model, steps=5, data=batches(100)[60:], monitor={"optimizer": True, "at_init": at_init}).dbg
+        cov = dbg.coverage()["init_scale"]
+        assert cov.observed is observed
+        if not observed:
+            assert cov.reason == "not at initialization: loaded from my_run.pt"
