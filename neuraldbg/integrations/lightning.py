@@ -3,7 +3,9 @@
 ``NeuralDbgCallback(export=None, **neuraldbg_kwargs)``:
 
 - ``on_train_start``: a :class:`~neuraldbg.NeuralDbg` on the ``LightningModule`` with the
-  trainer's optimizer (when it has exactly one; the step size is not measured otherwise).
+  trainer's optimizer when it has exactly one (with several, e.g. a GAN's, the monitor finds
+  the ones stepping the module through torch's optimizer step hooks, the first to step being
+  the primary).
   Lightning restores a checkpoint's weights, optimizer state and ``global_step`` after
   ``on_fit_start`` and before ``on_train_start``, so the monitor sees the run as it resumes;
   when ``fit(..., ckpt_path=...)`` resumed (``trainer.ckpt_path`` set, or ``global_step > 0``)
@@ -66,7 +68,7 @@ class _Hooks(common.CallbackBase):
             self._finish(trainer, None)
         opts = list(getattr(trainer, "optimizers", None) or [])
         if len(opts) > 1:
-            common.log.info("neuraldbg: %d optimizers; the step size is not measured", len(opts))
+            common.log.info("neuraldbg: %d optimizers; the monitor finds those that step the module", len(opts))
         automatic = getattr(pl_module, "automatic_optimization", True)
         self._scale = int(getattr(trainer, "accumulate_grad_batches", 1) or 1) if automatic else 1
         self.diagnosis = None

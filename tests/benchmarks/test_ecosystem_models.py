@@ -76,3 +76,24 @@ def test_config_faults_on_a_token_model():
     r = eco.run("hf_gpt2", "weights_x1e-3", seed=0, steps=4, threads=1)
     assert r.truth == ("initialization", "too_small") and r.layer == "transformer.wte"
     assert r.losses[0] == pytest.approx(math.log(64), abs=0.05)  # tiny weights: uniform output
+
+
+@pytest.mark.parametrize("injection,state", [
+    ("zero_grad_missing", "stale_gradients"), ("optimizer_misses_layer", "params_not_in_optimizer"),
+    ("layer_detached", "graph_detached"), ("softmax_before_ce", "loss_on_probabilities"),
+])
+def test_loop_faults_do_what_they_say_and_are_named(injection, state):
+    """The loop bugs on a PyG model (seed 3: bf16 autocast and 2-micro-batch accumulation, so
+    accumulation inside the recipe stays legitimate): each edit has its effect on the run, and
+    the monitor, handed no optimizer, names the state."""
+    pytest.importorskip("torch_geometric")
+    r = eco.run("pyg_gcn", injection, seed=3, steps=STEPS, monitor=True, threads=1)
+    assert r.truth == ("training_loop", state) and r.dbg.optimizer is not None  # found
+    layer = r.dbg.model.get_submodule("convs.0.lin")
+    if injection == "optimizer_misses_layer":
+        assert all(p.grad is not None for p in layer.parameters())  # gradients, never applied
+    if injection == "layer_detached":
+        assert all(p.grad is None for p in layer.parameters())  # no gradient through the cut
+    top = r.dbg.get_causal_hypotheses()[0]
+    assert (top.cause, top.state) == ("training_loop", state)
+    assert r.dbg.posterior().p_healthy < 0.5

@@ -29,3 +29,16 @@ def test_monitored_run_returns_dbg_and_same_losses(arch):
 def test_monitor_kwargs_reach_neuraldbg():
     r = fresh_run("mlp", "healthy", 0, 4, monitor={"family": "cnn"})
     assert r.dbg.family == "cnn"
+
+
+@pytest.mark.parametrize("injection", ["zero_grad_missing", "optimizer_misses_layer", "layer_detached",
+                                       "softmax_before_ce"])
+def test_loop_bugs_are_named_with_a_found_optimizer(injection):
+    """The zoo's loop bugs on the MLP: the runner hands the monitor no optimizer, the monitor
+    finds it, and the top hypothesis is the injected ``training_loop`` state."""
+    r = fresh_run("mlp", injection, 0, 60, monitor=True)
+    assert r.dbg.optimizer is not None  # found through the optimizer step hooks
+    top = r.dbg.get_causal_hypotheses()[0]
+    assert (top.cause, top.state) == r.truth
+    if r.layer is not None:
+        assert top.origin_layer == r.layer
