@@ -57,8 +57,16 @@ STALE_WINDOW = 16
 #: parameters per optimizer whose gradients the stale check reads (the condition is the
 #: optimizer's: zero_grad clears all of its parameters or none)
 SAMPLE = 32
-#: tolerance of the probability-row check (float rounding of a softmax)
+#: tolerance of the probability-row check (float rounding of a softmax in float32)
 ROW_TOL = 1e-3
+
+
+def row_tolerance(dtype: torch.dtype) -> float:
+    """How far a softmax row of ``dtype`` may sum from 1: each probability is rounded to the
+    dtype (relative error up to ``eps/2``), so the float32 sum of a row is within ``eps/2`` of 1;
+    ``eps`` leaves a factor 2. Under bf16 autocast that is 0.0078, where ``ROW_TOL`` would miss
+    every row."""
+    return max(ROW_TOL, float(torch.finfo(dtype).eps)) if dtype.is_floating_point else ROW_TOL
 
 NO_OPTIMIZER = "no optimizer stepped the model's parameters on a checked step"
 
@@ -125,9 +133,10 @@ class LoopWatch(Measurement):
             if isinstance(y, torch.Tensor) and y.is_floating_point() and y.dim() >= 1 and y.shape[-1] >= 2 \
                     and y.numel() > 0:
                 with torch.no_grad():
+                    tol = row_tolerance(y.dtype)
                     yd = y.detach().float()
-                    rows = (yd.sum(-1) - 1).abs().amax() <= ROW_TOL
-                    self._prob_pending.append(((yd.amin() >= -ROW_TOL) & (yd.amax() <= 1 + ROW_TOL) & rows).float())
+                    rows = (yd.sum(-1) - 1).abs().amax() <= tol
+                    self._prob_pending.append(((yd.amin() >= -tol) & (yd.amax() <= 1 + tol) & rows).float())
                 self._at["prob"] = ctx.step
         except Exception as e:  # noqa: BLE001 - never raise into training
             ctx.report(("loop", "output", type(e).__name__), f"the output check failed: {e!r}", logging.INFO)

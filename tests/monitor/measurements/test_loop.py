@@ -19,6 +19,7 @@ from torch.optim import optimizer as O
 from neuraldbg import NeuralDbg
 from neuraldbg.causal.nodes.loop import (DETACHED_LAYER, DETACHED_PARAMS, ORPHAN_LAYER, ORPHAN_PARAMS,
                                          PROB_SHARE_SIG, STALE_CHECKED, STALE_STEPS)
+from neuraldbg.monitor.measurements.loop import ROW_TOL, row_tolerance
 from tests.tiny import run
 
 LOOP_STATES = ("stale_gradients", "params_not_in_optimizer", "graph_detached", "loss_on_probabilities")
@@ -200,6 +201,29 @@ def test_softmax_before_cross_entropy_reads_loss_on_probabilities(explicit):
     dbg = train(mlp(last=nn.Softmax(-1)), explicit=explicit)
     assert_bug(dbg, "loss_on_probabilities")
     assert sig(dbg, PROB_SHARE_SIG) == 1.0
+
+
+def test_softmax_under_bf16_autocast_was_read_as_logits():
+    """Regression: rows of a bf16 softmax sum to 1 only within bf16 rounding (~4e-3), above the
+    float32 tolerance, so a softmax in front of the loss under autocast read "logits" (the
+    ecosystem suite's bf16 seeds, P(healthy) 0.99)."""
+    model = mlp(last=nn.Softmax(-1)).to(torch.bfloat16)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with NeuralDbg(model) as dbg:
+        for x, y in data(40):
+            loss = F.cross_entropy(model(x.to(torch.bfloat16)).float(), y)
+            loss.backward()
+            dbg.record_loss(loss)
+            opt.step()
+            opt.zero_grad()
+    assert sig(dbg, PROB_SHARE_SIG) == 1.0
+    assert_bug(dbg, "loss_on_probabilities")
+
+
+def test_row_tolerance_follows_the_dtype():
+    assert row_tolerance(torch.float32) == ROW_TOL  # float32 rounding is far inside it
+    assert row_tolerance(torch.bfloat16) == 2 ** -7 and row_tolerance(torch.float16) == ROW_TOL  # eps 2**-10
+    assert row_tolerance(torch.int64) == ROW_TOL
 
 
 # ---- the controls -------------------------------------------------------------------------
