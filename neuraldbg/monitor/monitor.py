@@ -35,7 +35,7 @@ from neuraldbg.monitor.measurements.reference import ReferenceLoss, check_refere
 from neuraldbg.monitor.measurements.weights import weight_census
 from neuraldbg.monitor.optimizers import OptimizerWatch
 from neuraldbg.monitor.records import dist_rank, unwrap
-from neuraldbg.monitor.stats import is_plain
+from neuraldbg.monitor.stats import measurable
 from neuraldbg.monitor.settings import (DEFAULT_REFERENCE_EVERY, Settings, check_at_init, check_config,
                                         check_detectors, check_every, check_scaler, check_sync_every)
 from neuraldbg.monitor.transfer import HostTransfer
@@ -374,7 +374,7 @@ class NeuralDbg(CausalQueries):
         names = list(self._hooks.order) + [n for n, _ in modules if n not in self._order_pos]
         mods = dict(modules)
         return tuple(LayerInfo(name=n, type=type(mods[n]).__name__, index=i,
-                               n_params=sum(p.numel() for p in mods[n].parameters(recurse=False) if is_plain(p)))
+                               n_params=sum(p.numel() for p in mods[n].parameters(recurse=False) if measurable(p)))
                      for i, n in enumerate(names))
 
     def trace(self, flush: bool = True) -> Trace:
