@@ -25,7 +25,8 @@ class Settings:
     ``priors`` is the validated :class:`~neuraldbg.causal.priors.Priors` (``None``: the
     family's shipped priors); ``detectors`` the names of the detectors to run (``None``: all);
     ``at_init`` whether the weights on entry are an initialization (``None``: decide from the
-    run, e.g. an optimizer that already holds state means a resume).
+    run, e.g. an optimizer that already holds state means a resume); ``merge_timeout`` how long
+    rank 0 waits at exit for the other ranks' traces (0: no live merge).
     """
 
     family: str
@@ -42,6 +43,7 @@ class Settings:
     reference: Callable[[Any], Any] | None = None
     reference_every: int = DEFAULT_REFERENCE_EVERY
     at_init: bool | None = None
+    merge_timeout: float = 30.0
 
     def as_kwargs(self) -> dict[str, Any]:
         """The keyword arguments that build a monitor with these settings:
@@ -101,3 +103,14 @@ def check_at_init(at_init: Any) -> bool | None:
     if at_init is not None and not isinstance(at_init, bool):
         raise TypeError(f"at_init must be True, False or None (decide from the run), got {at_init!r}")
     return at_init
+
+
+def check_merge_timeout(timeout: Any) -> float:
+    """``merge_timeout`` as a finite number of seconds >= 0 (0 turns the live merge off)."""
+    import math
+
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) \
+            or timeout < 0:
+        raise ValueError(f"merge_timeout must be a finite number of seconds >= 0 (0: no live merge at exit), "
+                         f"got {timeout!r}")
+    return float(timeout)
