@@ -286,4 +286,4 @@ class Coverage(dict):
                 "variables": {v: c.to_dict() for v, c in self.items()}}
 
     def __reduce__(self):  # keep extra attributes through pickle/copy
-        return (Coverage, (dict(self), self.internal_errors, self.nothing_observed))
+        return (Coverage, (dict(self), self.internal_errors, self.nothing_observed, self.unobserved_ranks))
