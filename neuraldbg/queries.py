@@ -27,8 +27,13 @@ class CausalQueries:
     _priors: Any = None
 
     def trace(self) -> "Trace":  # pragma: no cover - abstract
-        """The events and context the queries read."""
+        """The events and context of this run (of this rank, in a distributed job)."""
         raise NotImplementedError
+
+    def _diagnosed(self) -> "Trace":
+        """The trace the queries answer for: :meth:`trace`, unless a subclass knows more (a
+        monitor on rank 0 of a distributed job answers for the whole job once it has exited)."""
+        return self.trace()
 
     @property
     def priors(self) -> "Priors":
@@ -47,7 +52,7 @@ class CausalQueries:
 
         pri = self.priors
         try:
-            return getattr(self._engine(), query)(self.trace(), *args, priors=pri)
+            return getattr(self._engine(), query)(self._diagnosed(), *args, priors=pri)
         except ImpossibleEvidence as exc:  # only fitted zeros can cause it: name the priors at fault
             raise ImpossibleEvidence(f"{exc} of {pri.source}: a table there gives this run's evidence "
                                      "probability 0; refit it or add small probabilities") from None
@@ -65,7 +70,7 @@ class CausalQueries:
         """Every evidence variable: observed, or not and why (no optimizer found, a monitor
         error, an unsupported tensor type, not at initialization...), plus the monitor's
         internal error count (see :class:`~neuraldbg.causal.types.Coverage`)."""
-        return self._engine().coverage(self.trace())
+        return self._engine().coverage(self._diagnosed())
 
     def get_causal_hypotheses(self) -> list["Hypothesis"]:
         """Ranked hypotheses (highest probability first) above the reporting floor."""
@@ -92,7 +97,7 @@ class CausalQueries:
 
     def detect_coupled_failures(self) -> list["Coupling"]:
         """Pairs of event kinds that co-occur in a layer or adjacent layers."""
-        return self._engine().couplings(self.trace())
+        return self._engine().couplings(self._diagnosed())
 
     def report(self, path) -> str:
         """Write the self-contained HTML report of this run to ``path``; returns the path."""

@@ -162,3 +162,90 @@ def test_the_merge_keeps_every_ranks_signatures_by_their_declared_rule():
     assert sigs["step_ratio_max"] == 0.09                        # the fastest rank
     assert sigs["reference_tail"] == 1.1 and sigs["reference_n"] == 8  # only rank 1 measured it
     assert sigs["every"] == 1 and sigs["merged_ranks"] == (0, 1)
+
+
+# ---- the live merge, with an in-memory store ----------------------------------------------
+
+class _Store:
+    """The part of a torch.distributed store the live merge uses."""
+
+    def __init__(self):
+        self.d = {}
+
+    def set(self, k, v):
+        self.d[k] = v if isinstance(v, bytes) else str(v).encode()
+
+    def check(self, keys):
+        return all(k in self.d for k in keys)
+
+    def get(self, k):
+        return self.d[k]
+
+    def delete_key(self, k):
+        return self.d.pop(k, None) is not None
+
+
+def _trace(rank, steps=10):
+    from neuraldbg.trace import LayerInfo
+    from tests.tiny import make_trace
+
+    return make_trace([ev(GRADIENT, "exploding", "fc", 3, rank)], (LayerInfo("fc", "Linear", 0, 10),),
+                      [1.0] * steps, sigs={"every": 1}, rank=rank, world_size=2)
+
+
+def test_live_merge_gathers_on_rank_0_like_merge_traces():
+    from neuraldbg.distributed import LiveMerge, merge_traces
+
+    store = _Store()
+    r0, r1 = LiveMerge(store, 0, 2, 5.0), LiveMerge(store, 1, 2, 5.0)
+    r1.prefix = r0.prefix  # the same monitor of each rank (one process plays both here)
+    assert r1.finish(_trace(1)) is None  # published, no wait
+    merged = r0.finish(_trace(0))
+    assert merged == merge_traces([_trace(0), _trace(1)])
+    assert store.d == {}  # rank 0 took what it read
+
+
+def test_live_merge_names_a_silent_rank_from_its_last_autosave(tmp_path, caplog):
+    import time
+
+    from neuraldbg.distributed import LiveMerge
+    from neuraldbg.session import export_trace
+
+    store = _Store()
+    path = export_trace(_trace(1, steps=7), tmp_path / "rank1.json")
+    r0 = LiveMerge(store, 0, 2, 0.2)
+    store.set(r0.prefix + "entered/1", b"1")  # what LiveMerge.start announces on rank 1
+    store.set(r0.prefix + "autosave/1", str(path).encode())
+    t0 = time.monotonic()
+    merged = r0.finish(_trace(0))
+    assert time.monotonic() - t0 < 5  # the bounded wait, not a hang
+    note = merged.signatures.as_dict()["unobserved_ranks"]
+    assert note.startswith("rank 1 from step 6 on") and "rank1.json" in note
+    assert merged.signatures.as_dict()["merged_ranks"] == (0, 1)
+    assert "no trace from rank 1" in caplog.text
+    bare_store = _Store()
+    bare = LiveMerge(bare_store, 0, 2, 0.1)
+    bare_store.set(bare.prefix + "entered/1", b"1")
+    merged = bare.finish(_trace(0))  # entered, no autosave: unobserved from its start
+    assert merged.signatures.as_dict()["unobserved_ranks"].startswith("rank 1 from its start on (no trace")
+
+
+def test_live_merge_does_not_wait_out_the_timeout_for_a_rank_without_a_monitor():
+    """Only rank 0 runs a monitor: rank 1 never announced one, so rank 0 names it after the
+    entry grace instead of waiting the whole ``merge_timeout``."""
+    import time
+
+    from neuraldbg.distributed import ENTRY_GRACE, LiveMerge
+
+    t0 = time.monotonic()
+    merged = LiveMerge(_Store(), 0, 2, 30.0).finish(_trace(0))
+    assert time.monotonic() - t0 < ENTRY_GRACE + 1.0
+    assert merged.signatures.as_dict()["unobserved_ranks"] == "rank 1 from its start on (it entered no monitor)"
+
+
+def test_merge_timeout_is_validated():
+    with pytest.raises(ValueError, match="merge_timeout"):
+        NeuralDbg(nn.Linear(2, 2), merge_timeout=-1)
+    with pytest.raises(ValueError, match="merge_timeout"):
+        NeuralDbg(nn.Linear(2, 2), merge_timeout=float("inf"))
+    assert NeuralDbg(nn.Linear(2, 2), merge_timeout=0).settings.merge_timeout == 0.0

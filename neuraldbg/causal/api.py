@@ -125,7 +125,10 @@ def coverage_of(trace: Trace, ev: _evidence.Evidence) -> Coverage:
         else:
             entries[name] = VariableCoverage(name, False, reason=ev.unobserved[name], gap=name in ev.gaps)
     nothing = trace.loss.n == 0 and not TraceView(trace).watched
-    return Coverage(entries, internal_errors=trace.internal_errors, nothing_observed=nothing)
+    from neuraldbg.causal.nodes.run import UNOBSERVED_RANKS
+
+    return Coverage(entries, internal_errors=trace.internal_errors, nothing_observed=nothing,
+                    unobserved_ranks=trace.signatures.value(UNOBSERVED_RANKS))
 
 
 def coverage(trace: Trace) -> Coverage:

@@ -239,14 +239,17 @@ class Coverage(dict):
 
     ``internal_errors`` counts the monitor's own failures during the run; ``nothing_observed`` is
     true when the monitor saw neither a loss nor any layer statistics, so the posterior is the
-    prior and says nothing about this run.
+    prior and says nothing about this run; ``unobserved_ranks`` names the ranks of a distributed
+    job the merge did not see to the end (``docs/distributed.md``).
     """
 
     def __init__(self, entries: Mapping[str, VariableCoverage], internal_errors: int = 0,
-                 nothing_observed: bool = False) -> None:
+                 nothing_observed: bool = False, unobserved_ranks: str | None = None) -> None:
         super().__init__(entries)
         self.internal_errors = int(internal_errors)
         self.nothing_observed = bool(nothing_observed)
+        #: ranks of a distributed job whose trace the live merge did not get, and from when on
+        self.unobserved_ranks = unobserved_ranks
 
     def unobserved(self) -> dict[str, str]:
         """``variable -> reason`` of every variable not observed."""
@@ -268,6 +271,8 @@ class Coverage(dict):
             for v, why in gaps.items():
                 by_reason.setdefault(why, []).append(v)
             head += "; not measured: " + "; ".join(f"{', '.join(vs)} ({why})" for why, vs in by_reason.items())
+        if self.unobserved_ranks:
+            head += f"; unobserved: {self.unobserved_ranks}"
         if self.internal_errors:
             head += f"; {self.internal_errors} internal error{'s' if self.internal_errors != 1 else ''} of the monitor"
         return head
@@ -281,4 +286,4 @@ class Coverage(dict):
                 "variables": {v: c.to_dict() for v, c in self.items()}}
 
     def __reduce__(self):  # keep extra attributes through pickle/copy
-        return (Coverage, (dict(self), self.internal_errors, self.nothing_observed))
+        return (Coverage, (dict(self), self.internal_errors, self.nothing_observed, self.unobserved_ranks))

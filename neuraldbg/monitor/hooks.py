@@ -163,11 +163,15 @@ class ModuleHooks:
             self.switch.add(h, fn)
             self.hooked[name] = (weakref.ref(mod), [h], [])
             for p in mod.parameters(recurse=False):
-                # a tensor subclass (DTensor...) is not measured: coverage says so
-                if p.requires_grad and id(p) not in owner and id(p) not in self.hooked_params and S.is_plain(p):
+                # a tensor subclass other than a sharded DTensor is not measured: coverage says so.
+                # A shard with no elements on this rank (uneven sharding) has no gradient to read.
+                if p.requires_grad and id(p) not in owner and id(p) not in self.hooked_params \
+                        and S.measurable(p) and S.local_numel(p) > 0:
                     owner[id(p)] = (name, layer, p)
         for name, layer, p in owner.values():
-            pidx = self.tables.param(layer, p.numel())
+            # a sharded parameter (FSDP2) counts the elements of this rank's shard: its gradient
+            # is read there (see _on_param_grad), so the layer's RMS is the shard's
+            pidx = self.tables.param(layer, S.local_numel(p))
             fn = partial(self._on_param_grad, pidx, name)
             h = p.register_post_accumulate_grad_hook(fn)
             self.handles.append(h)
@@ -308,9 +312,15 @@ class ModuleHooks:
                     # not inside the autograd engine (no final callbacks): measure this one now
                     self._pending = None
                     with torch.no_grad():
-                        buf.pgrad.append(((pidx,), S.grad_norms([param.grad])))
+                        buf.pgrad.append(((pidx,), S.grad_norms([S.local(param.grad)])))
                     return None
-            pend[1].append((pidx, param.grad))  # its final value for this backward pass
+            # its final value for this backward pass. FSDP2 calls this hook on the sharded
+            # parameter once its gradient is reduce-scattered (the mean over the ranks, a DTensor):
+            # the norm is this rank's shard's. Its RMS stands for the whole gradient's (the
+            # detectors read RMS and finiteness, not the norm of the whole tensor), so no
+            # collective is issued per hook or per sync; a non-finite entry in one shard shows on
+            # the rank that holds it, and the ranks' events are merged at exit (distributed.py)
+            pend[1].append((pidx, S.local(param.grad)))
         except Exception as e:  # noqa: BLE001
             self._fail((name, "pgrad", type(e).__name__), f"parameter-gradient statistics failed: {e!r}")
         return None

@@ -21,6 +21,7 @@ from torch import nn
 from neuraldbg.causal.nodes.run import EVERY, GRAD_STEPS, LR, OPTIMIZER, STATS_STEPS
 from neuraldbg.causal.priors import as_priors
 from neuraldbg.config import DetectorConfig
+from neuraldbg.distributed import DEFAULT_MERGE_TIMEOUT, LiveMerge
 from neuraldbg.events.base import Event
 from neuraldbg.events.compress import EventLog, Propagation, compress
 from neuraldbg.events.registry import DetectorContext, build_detectors
@@ -35,9 +36,10 @@ from neuraldbg.monitor.measurements.reference import ReferenceLoss, check_refere
 from neuraldbg.monitor.measurements.weights import weight_census
 from neuraldbg.monitor.optimizers import OptimizerWatch
 from neuraldbg.monitor.records import dist_rank, unwrap
-from neuraldbg.monitor.stats import is_plain
+from neuraldbg.monitor.stats import measurable
 from neuraldbg.monitor.settings import (DEFAULT_REFERENCE_EVERY, Settings, check_at_init, check_config,
-                                        check_detectors, check_every, check_scaler, check_sync_every)
+                                        check_detectors, check_every, check_merge_timeout, check_scaler,
+                                        check_sync_every)
 from neuraldbg.monitor.transfer import HostTransfer
 from neuraldbg.queries import CausalQueries
 from neuraldbg.trace import LayerInfo, Signatures, Trace
@@ -85,6 +87,10 @@ class NeuralDbg(CausalQueries):
             loaded or pre-trained model (their scale is then no evidence about the
             initialization); ``None`` (default) decides from the run: an optimizer that already
             holds state before its first step means a resume.
+        merge_timeout: under ``torch.distributed`` (initialized before the monitor, several
+            ranks), rank 0 waits at most this many seconds at exit for the other ranks' traces,
+            then answers its queries for the whole job (:attr:`merged_trace`; a rank that sent
+            none is named unobserved, ``docs/distributed.md``). 0 turns the live merge off.
 
     ``dbg.settings`` holds all of them, validated, as one frozen record.
     """
@@ -94,7 +100,7 @@ class NeuralDbg(CausalQueries):
                  priors: Any = None, sync_every: int | None = None, scaler: Any = None,
                  snapshots: bool | int | None = None, autosave: Any = None, autosave_interval: float = 30.0,
                  reference: Any = None, reference_every: int = DEFAULT_REFERENCE_EVERY,
-                 at_init: bool | None = None) -> None:
+                 at_init: bool | str | None = None, merge_timeout: float = DEFAULT_MERGE_TIMEOUT) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"NeuralDbg expects a torch.nn.Module, got {type(model).__name__}")
         self.model = model
@@ -108,7 +114,7 @@ class NeuralDbg(CausalQueries):
             detectors=check_detectors(detectors), priors=pri, sync_every=check_sync_every(sync_every),
             scaler=check_scaler(scaler), snapshots=snapshots, autosave=autosave,
             autosave_interval=autosave_interval, reference=reference, reference_every=reference_every,
-            at_init=check_at_init(at_init))
+            at_init=check_at_init(at_init), merge_timeout=check_merge_timeout(merge_timeout))
         self._priors = pri
         self._hooks = ModuleHooks(self.root, every=self.every, config=self.config, scaler=self.scaler,
                                   report=self._report, backward_started=self._backward_started,
@@ -132,6 +138,8 @@ class NeuralDbg(CausalQueries):
         self._loss_is_ce: bool | None = None  # whether the first recorded loss is a cross-entropy
         self._closed_active = False  # whether the step closed last was a checked one
         self.rank, self.world_size = dist_rank()
+        self._live: LiveMerge | None = None
+        self._merged: Trace | None = None  # the job's trace, on rank 0 after the live merge
         self._optimizers = OptimizerWatch(self.root, optimizer, self._optimizer_pre, self._optimizer_post)
         self._parts = Parts(parts_for(self.root, self.settings), PartContext(self), self._fail)
 
@@ -173,6 +181,7 @@ class NeuralDbg(CausalQueries):
         self._safe(self._measure_weights, "weight census")
         self._safe(lambda: self._optimizers.start(self._report), "optimizer hooks")
         self._parts.call("enter")
+        self._live = LiveMerge.start(self.rank, self.world_size, self.settings.merge_timeout, self.settings.autosave)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -182,6 +191,9 @@ class NeuralDbg(CausalQueries):
         self._safe(self._close_step, "close")
         self._safe(self._transfer.drain, "drain")
         self._parts.call("exit", exc)
+        if self._live is not None:  # after the parts: the trace sent is the final one
+            live, self._live = self._live, None
+            self._safe(lambda: setattr(self, "_merged", live.finish(self.trace())), "live merge")
         return False
 
     def _measure_weights(self) -> None:
@@ -381,7 +393,7 @@ class NeuralDbg(CausalQueries):
         names = list(self._hooks.order) + [n for n, _ in modules if n not in self._order_pos]
         mods = dict(modules)
         return tuple(LayerInfo(name=n, type=type(mods[n]).__name__, index=i,
-                               n_params=sum(p.numel() for p in mods[n].parameters(recurse=False) if is_plain(p)))
+                               n_params=sum(p.numel() for p in mods[n].parameters(recurse=False) if measurable(p)))
                      for i, n in enumerate(names))
 
     def trace(self, flush: bool = True) -> Trace:
@@ -399,6 +411,17 @@ class NeuralDbg(CausalQueries):
                      first_step=self._first_step or 0, last_step=self._last_step,
                      loss=self._loss.summary(), rank=self.rank, world_size=self.world_size, signatures=sigs,
                      internal_errors=self._internal_errors)
+
+    @property
+    def merged_trace(self) -> Trace | None:
+        """The whole job's trace, on rank 0 of a distributed job once the monitor has exited (the
+        ranks' traces merged live, ``docs/distributed.md``); ``None`` elsewhere. The queries
+        (posterior, hypotheses, coverage) answer from it when it is there; :meth:`trace` and
+        the export stay this rank's."""
+        return self._merged
+
+    def _diagnosed(self) -> Trace:
+        return self._merged if self._merged is not None else self.trace()
 
     def reference_points(self) -> list[tuple[int, float]]:
         """``(step, reference loss)`` recorded so far (``reference=``; empty without one)."""

@@ -26,7 +26,8 @@ class Settings:
     family's shipped priors); ``detectors`` the names of the detectors to run (``None``: all);
     ``at_init`` whether the weights on entry are an initialization (``None``: decide from the
     run, e.g. an optimizer that already holds state means a resume; a string: not at
-    initialization, and why, as the framework callbacks say it of a resume).
+    initialization, and why, as the framework callbacks say it of a resume); ``merge_timeout`` how
+    long rank 0 waits at exit for the other ranks' traces (0: no live merge).
     """
 
     family: str
@@ -43,6 +44,7 @@ class Settings:
     reference: Callable[[Any], Any] | None = None
     reference_every: int = DEFAULT_REFERENCE_EVERY
     at_init: bool | str | None = None
+    merge_timeout: float = 30.0
 
     def as_kwargs(self) -> dict[str, Any]:
         """The keyword arguments that build a monitor with these settings:
@@ -118,3 +120,14 @@ def not_at_init(at_init: bool | str | None) -> str | None:
     if at_init is False:
         return "not at initialization (at_init=False: resumed, loaded or pre-trained weights)"
     return None
+
+
+def check_merge_timeout(timeout: Any) -> float:
+    """``merge_timeout`` as a finite number of seconds >= 0 (0 turns the live merge off)."""
+    import math
+
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) \
+            or timeout < 0:
+        raise ValueError(f"merge_timeout must be a finite number of seconds >= 0 (0: no live merge at exit), "
+                         f"got {timeout!r}")
+    return float(timeout)

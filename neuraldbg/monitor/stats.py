@@ -12,6 +12,7 @@ quantities (RMS, mean and std) are computed on the host, by
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 from torch import nn
@@ -39,6 +40,40 @@ def is_plain(t: torch.Tensor) -> bool:
     """Whether ``t`` (a parameter, a gradient) holds a plain dense tensor: not a tensor subclass
     (``DTensor``, a quantized or wrapper type) whose kernels the statistics do not cover."""
     return type(t.data) is torch.Tensor
+
+
+def is_sharded(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a ``DTensor`` (an FSDP2 sharded parameter or its gradient) whose local
+    shard is a plain dense tensor: the statistics then read that shard (:func:`local`)."""
+    # a DTensor exists only once its module is imported: no import (and its cost) otherwise
+    mod = sys.modules.get("torch.distributed.tensor")
+    dtensor = getattr(mod, "DTensor", None)
+    if dtensor is None or not isinstance(t, dtensor):
+        return False
+    return type(getattr(t, "_local_tensor", None)) is torch.Tensor
+
+
+def measurable(t: torch.Tensor) -> bool:
+    """Whether the statistics read ``t``: a plain dense tensor or a sharded one (:func:`is_sharded`).
+    Any other tensor subclass stays unmeasured, and the coverage says so
+    (``neuraldbg/monitor/measurements/coverage.py``)."""
+    return is_plain(t) or is_sharded(t)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor the statistics read: ``t`` itself, or this rank's shard of a ``DTensor``.
+
+    Kernels on a ``DTensor`` would run its sharding propagation, and a reduction over it would
+    issue a collective per call (one per hook); the local shard costs nothing to get (no copy,
+    no communication). Which readings need the whole tensor and how they get it is said where
+    they are read (``neuraldbg/monitor/hooks.py``, ``measurements/weights.py``,
+    ``measurements/step_size.py``)."""
+    return t._local_tensor.detach() if is_sharded(t) else t
+
+
+def local_numel(t: torch.Tensor) -> int:
+    """Elements of ``t`` this rank holds (all of them for a plain tensor)."""
+    return local(t).numel()
 
 def activation_kind(module: nn.Module) -> str:
     """'relu', 'bounded', 'softmax' or 'plain': which regime statistics apply to a module."""

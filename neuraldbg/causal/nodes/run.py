@@ -20,6 +20,9 @@ LR_PEAK = Signature("lr_peak", "number", "run", "max", "the largest learning rat
 OUT_FEATURES = Signature("out_features", "integer", "entry", "lead",
                          "out_features of the last linear layer in forward order: the model's output size", lo=1)
 MERGED_RANKS = Signature("merged_ranks", "integers", "run", "lead", "the ranks a merged trace was made of")
+UNOBSERVED_RANKS = Signature("unobserved_ranks", "text", "run", "lead",
+                             "ranks of a job merged live whose trace did not arrive at exit, and from which step "
+                             "on they are unobserved (their last autosave, if any, was merged)")
 UNSUPPORTED_PARAMS = Signature("unsupported_params", "integer", "entry", "max",
                                "parameters of a tensor type the monitor does not measure (a tensor subclass)", lo=0)
 UNSUPPORTED_TYPE = Signature("unsupported_type", "text", "entry", "lead", "the type names of those parameters")
@@ -31,8 +34,8 @@ STARTED_TRAINED = Signature("started_trained", "text", "entry", "lead",
                             "why the monitor holds that the run did not start at initialization (resumed, loaded "
                             "or pre-trained weights)")
 
-SIGNATURES = (EVERY, OPTIMIZER, LR, LR_PEAK, OUT_FEATURES, MERGED_RANKS, UNSUPPORTED_PARAMS, UNSUPPORTED_TYPE,
-              STATS_STEPS, GRAD_STEPS, STARTED_TRAINED)
+SIGNATURES = (EVERY, OPTIMIZER, LR, LR_PEAK, OUT_FEATURES, MERGED_RANKS, UNOBSERVED_RANKS, UNSUPPORTED_PARAMS,
+              UNSUPPORTED_TYPE, STATS_STEPS, GRAD_STEPS, STARTED_TRAINED)
 
 
 def unsupported(signatures: Signatures) -> str | None:

@@ -1,8 +1,9 @@
 """What the monitor cannot measure in this model: parameters of an unsupported tensor type.
 
-Statistics, the weight census and the step size read plain dense tensors; a parameter whose data
-is a tensor subclass (``DTensor`` of a sharded model, a quantized or wrapper type) is left out of
-all of them. This measurement counts those parameters on entry, so that the diagnosis says what
+Statistics, the weight census and the step size read plain dense tensors and the local shards of
+sharded ``DTensor`` parameters (FSDP2, ``neuraldbg/monitor/stats.py``: ``measurable``); a parameter
+whose data is any other tensor subclass (a quantized or wrapper type, a DTensor over such a type)
+is left out of all of them. This measurement counts those parameters on entry, so that the diagnosis says what
 it did not see (``unsupported_params``, ``unsupported_type``) instead of reading the absence of
 their events as a healthy sign.
 """
@@ -13,7 +14,7 @@ from typing import Any
 from neuraldbg.causal.nodes.run import UNSUPPORTED_PARAMS, UNSUPPORTED_TYPE
 from neuraldbg.lifecycle import AddonContext, Measurement
 from neuraldbg.monitor.measurements import register_measurement
-from neuraldbg.monitor.stats import is_plain
+from neuraldbg.monitor.stats import measurable
 
 
 @register_measurement
@@ -27,10 +28,10 @@ class Coverage(Measurement):
         self.types: list[str] = []
 
     def enter(self, ctx: AddonContext) -> None:
-        """Count the parameters whose data is a tensor subclass."""
+        """Count the parameters whose data is a tensor subclass the statistics do not read."""
         seen: set[int] = set()
         for p in ctx.root.parameters():
-            if id(p) not in seen and not is_plain(p):
+            if id(p) not in seen and not measurable(p):
                 seen.add(id(p))
                 self.count += 1
                 name = type(p.data).__name__

@@ -162,7 +162,9 @@ class LoopWatch(Measurement):
                 self._open[oid] = False
                 self._events.append(["bwd", oid, None, 0.0])
                 continue
-            grads = [p.grad for p in self._sample(ctx, opt) if p is not param and p.grad is not None]
+            # a sharded gradient (FSDP2) is read on this rank's shard: the check asks only
+            # whether gradients are still held, and every rank holds a shard of each
+            grads = [S.local(p.grad) for p in self._sample(ctx, opt) if p is not param and p.grad is not None]
             if grads:
                 with torch.no_grad():
                     z: Any = S.grad_norms(grads).sum()

@@ -19,7 +19,7 @@ from neuraldbg.causal.nodes.causes import STEP_RATIO_MAX, STEP_RATIO_MEDIAN, STE
 from neuraldbg.causal.nodes.run import LR_PEAK
 from neuraldbg.lifecycle import AddonContext, Measurement
 from neuraldbg.monitor.measurements import register_measurement
-from neuraldbg.monitor.stats import is_plain
+from neuraldbg.monitor.stats import local, measurable
 
 
 def probed_weights(census: Iterable[tuple[str, Any, torch.Tensor, float]]) -> dict[int, str]:
@@ -94,7 +94,7 @@ class StepSize(Measurement):
         those left out of it as tensor subclasses (so that a gap names them)."""
         self.owner = probed_weights(ctx.census)
         self.unsupported = sorted({type(p.data).__name__ for p in ctx.root.parameters()
-                                   if p.dim() >= 2 and not is_plain(p)})
+                                   if p.dim() >= 2 and not measurable(p)})
 
     @staticmethod
     def _read_lr(optimizer: Any) -> float | None:
@@ -123,9 +123,13 @@ class StepSize(Measurement):
             names = sorted({self.owner[id(p)] for p in params})
             pos = {n: i for i, n in enumerate(names)}
             self._params, self._n_layers = params, len(names)
-            self._index = _to_device([pos[self.owner[id(p)]] for p in params], params[0].device)
+            self._index = _to_device([pos[self.owner[id(p)]] for p in params], local(params[0]).device)
         with torch.no_grad():
-            self._before = torch._foreach_mul([p.detach() for p in params], 1.0)
+            # a sharded weight (FSDP2) is copied and compared on this rank's shard: the ratio
+            # ||dw|| / ||w|| of a shard stands for the whole matrix's (an intensive quantity of
+            # many entries updated by one rule), so no collective is needed; the ranks' values
+            # are merged by the signature's rule (the median) at exit
+            self._before = torch._foreach_mul([local(p).detach() for p in params], 1.0)
         self._step = ctx.step
 
     def optimizer_post(self, ctx: AddonContext, optimizer: Any, checked: bool) -> None:
@@ -136,7 +140,7 @@ class StepSize(Measurement):
         if before is None:
             return
         with torch.no_grad():
-            ratios = layer_ratios(before, [p.detach() for p in self._params], self._index, self._n_layers)
+            ratios = layer_ratios(before, [local(p).detach() for p in self._params], self._index, self._n_layers)
             # NaN-aware on the device: a layer with zero weights has no ratio, and masking it
             # out with boolean indexing would sync
             top = torch.nan_to_num(ratios, nan=-1.0).max()

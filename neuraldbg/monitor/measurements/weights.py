@@ -21,7 +21,7 @@ from neuraldbg.lifecycle import AddonContext, Measurement
 from neuraldbg.monitor.measurements import register_measurement
 from neuraldbg.monitor.measurements.output import last_out_features
 from neuraldbg.monitor.settings import not_at_init
-from neuraldbg.monitor.stats import is_plain
+from neuraldbg.monitor.stats import is_plain, local, local_numel, measurable
 
 #: the std of transformer libraries' ``initializer_range`` convention (GPT-2, BERT, ViT, Llama)
 TRANSFORMER_STD = 0.02
@@ -70,14 +70,21 @@ Census = list[tuple[str, nn.Module, torch.Tensor, float]]
 def weight_census(modules: Iterable[tuple[str, nn.Module]]) -> Census:
     """``(layer, module, weight, norm)`` of every floating, dense weight matrix (``dim >= 2``)
     the modules own, with all norms in one host transfer: what both the initial-scale
-    signature and the step-size probe start from, measured once before training."""
+    signature and the step-size probe start from, measured once before training.
+
+    A sharded weight (FSDP2 ``DTensor``) is measured on this rank's shard: ``norm`` is the
+    shard's, to be read with :func:`~neuraldbg.monitor.stats.local_numel` elements. Both readers
+    need only an intensive quantity (the RMS against a reference std, an update-to-weight
+    ratio), which a shard of many i.i.d. entries gives as well as the whole tensor, so no
+    collective is issued on entry (it would hang a job whose other ranks run no monitor). A
+    weight whose shard is empty on this rank is left to the ranks that hold it."""
     cands = [(name, mod, p) for name, mod in modules for p in mod.parameters(recurse=False)
-             if p.dim() >= 2 and p.numel() > 0 and p.is_floating_point() and not p.is_sparse and is_plain(p)]
+             if p.dim() >= 2 and p.is_floating_point() and not p.is_sparse and measurable(p) and local_numel(p) > 0]
     if not cands:
         return []
     with torch.no_grad():
-        dev = cands[0][2].device
-        norms = torch.stack([n.float().to(dev) for n in torch._foreach_norm([p.detach() for *_, p in cands])])
+        dev = local(cands[0][2]).device
+        norms = torch.stack([n.float().to(dev) for n in torch._foreach_norm([local(p).detach() for *_, p in cands])])
         norms = norms.cpu().tolist()
     return [(name, mod, p, n) for (name, mod, p), n in zip(cands, norms)]
 
@@ -90,7 +97,9 @@ def init_scale(modules: Iterable[tuple[str, nn.Module]], init_range: float | Non
     projection) and are left out. Pass ``census`` (:func:`weight_census`) to reuse its norms.
     """
     census = weight_census(modules) if census is None else census
-    factors = sorted(nearest_log10_factor(n / math.sqrt(p.numel()), reference_stds(mod, p.shape, init_range))
+    # the norm and the element count are both the shard's for a sharded weight (weight_census);
+    # the reference std reads the whole shape (its fan-in)
+    factors = sorted(nearest_log10_factor(n / math.sqrt(local_numel(p)), reference_stds(mod, p.shape, init_range))
                      for _, mod, p, n in census if n > 0 and math.isfinite(n))
     if not factors:
         return None, 0
