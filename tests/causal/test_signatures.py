@@ -142,3 +142,21 @@ def test_retention_read_from_the_trace():
     few = extract(trace(losses=[1.0] * 30, sigs={**sigs, "reference_n": 2, "reference_tail": 2.4}))
     assert "retention" not in few.observed  # a start and one more value say nothing of a trend
     assert "retention" not in extract(trace(losses=[1.0] * 30, sigs=sigs)).observed  # a non-finite tail
+
+
+def test_a_run_that_started_trained_is_no_return_to_chance():
+    """Regression: a fine-tune of a loaded trained state_dict (first loss 0.26x chance) that
+    hovered around its own start read ``back_to_chance`` against that start, and
+    ``data/corrupted`` (0.37) made the healthy fine-tune read not healthy. A run that started
+    trained is measured against chance level only."""
+    ref = math.log(3)
+    hover = [0.29, 0.2, 0.15] * 4 + [0.08] * 20 + [0.27, 0.3, 0.28] * 10
+    plain = extract(trace(losses=hover, sigs={"out_features": 3}))
+    assert plain.observed["target_fault"] == "back_to_chance"  # against its own start, as before
+    started = extract(trace(losses=hover, sigs={"out_features": 3, "started_trained": "not at initialization"}))
+    assert started.observed["target_fault"] == "absent"  # 0.28 is far from ln 3 = 1.10
+    back = [0.29] * 10 + [0.1] * 30 + [ref] * 20  # a real return to chance is still seen
+    assert extract(trace(losses=back, sigs={"out_features": 3, "started_trained": "x"})).observed[
+        "target_fault"] == "back_to_chance"
+    unknown = extract(trace(losses=hover, sigs={"started_trained": "x"}))
+    assert "target_fault" not in unknown.observed

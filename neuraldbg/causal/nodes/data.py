@@ -18,7 +18,7 @@ import math
 from typing import Sequence
 
 from neuraldbg.causal.nodes.loss import MIN_LOSS_POINTS, median
-from neuraldbg.causal.nodes.run import chance_loss
+from neuraldbg.causal.nodes.run import STARTED_TRAINED, chance_loss
 from neuraldbg.causal.structure import NoisyMax, Reading, Table
 from neuraldbg.causal.view import TraceView
 from neuraldbg.events.base import DATA, GRADIENT, OPTIMIZER
@@ -120,8 +120,16 @@ def target_fault(view: TraceView) -> Reading | None:
         return Reading(None, reason=f"fewer than {MIN_LOSS_POINTS} finite losses recorded")
     head = median(vals[:max(3, len(vals) // 20)])
     chance = chance_loss(view.signatures)
-    # a start near ln K says the loss is a cross-entropy at chance: measure returns against that
-    ref = chance if chance is not None and abs(head - chance) < 0.5 * chance else head
+    if view.signatures.value(STARTED_TRAINED):
+        # a resumed or pre-trained run starts far below chance: its own start is no chance level,
+        # and a fine-tune that hovers near it would read as a return to it
+        if chance is None:
+            return Reading(None, reason="the run started trained and its chance level is unknown: its first "
+                                        "loss is no chance level to return to")
+        ref = chance
+    else:
+        # a start near ln K says the loss is a cross-entropy at chance: measure returns against that
+        ref = chance if chance is not None and abs(head - chance) < 0.5 * chance else head
     if ref > 0 and back_to_chance(vals, ref):
         return Reading("back_to_chance", (), f"the loss learned, then went back to its chance level {ref:.3g}")
     return Reading("absent")
