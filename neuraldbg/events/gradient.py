@@ -90,7 +90,8 @@ class GradientHealthDetector(Detector):
     backward pass, taken per unit of learning rate when the rate is known (``stats.lr``): a
     baseline formed under a warm-up's near-zero rate measures an untrained model that has not
     moved, so growth is judged against ``baseline x max(1, lr / baseline lr)``
-    (:func:`lr_allowance`), and a check at rate 0 (nothing moves) joins no baseline. Steps without backward (evaluation) are ignored, and so is a layer without
+    (:func:`lr_allowance`), and a check at rate 0 (nothing moves) joins no baseline.
+    Steps without backward (evaluation) are ignored, and so is a layer without
     gradients in a step (missing, not vanished); an RMS of exactly zero is no observation
     either: a downstream factor that is zero by design (a LoRA A while its B is still 0)
     stops it exactly.

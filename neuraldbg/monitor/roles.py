@@ -11,8 +11,8 @@ Two roles change how the diagnosis reads a layer (``docs/causal_model.md``):
   their one gradient also holds the value slice, whose gradient is normal at init, so a small
   fused gradient is not the query/key artefact.
 * ``"norm"`` -- a normalization layer (``neuraldbg/causal/nodes/depth.py``). The class names of
-  torch's own (``NORM_TYPES`` of ``neuraldbg/causal/nodes/depth.py``) are the fast path; any other module with a per-feature weight
-  is tested once, on its first forward: its output, with the affine undone, must equal its input
+  torch's own (``NORM_TYPES`` there) are the fast path; any other module with a per-feature
+  weight is tested once, on its first forward: its output, with the affine undone, must equal its input
   normalized over the last dimension (:func:`normalizes_last_dim`). One host read for the whole
   model, on the first forward only; no per-step cost, and the output is never touched.
 """
