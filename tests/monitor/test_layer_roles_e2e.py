@@ -140,3 +140,32 @@ def test_custom_rms_norm_counts_as_normalization():
     assert {li.role for li in tr2.layers if li.type == "LayerScale"} == {""}
     assert depth_risk_state(tr2) == "deep"
     assert TraceView(tr2).trace is tr2
+
+
+def test_roles_survive_a_session_round_trip(tmp_path):
+    from neuraldbg.session import trace_from_dict, trace_to_dict
+
+    tr = _flat_run(("query", "key")).trace()
+    back, _ = trace_from_dict(trace_to_dict(tr))
+    roles = {li.name: li.role for li in back.layers}
+    assert roles["attention.query"] == "attn_qk" and roles["norm"] == "norm" and roles["head"] == ""
+    assert back.layers == tr.layers
+
+
+def test_library_rms_norms_are_probed_as_normalization():
+    modeling = __import__("pytest").importorskip("transformers.models.llama.modeling_llama")
+    t5 = __import__("pytest").importorskip("transformers.models.t5.modeling_t5")
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp, self.a = nn.Linear(8, 16), modeling.LlamaRMSNorm(16)
+            self.mid, self.b = nn.Linear(16, 16), t5.T5LayerNorm(16)
+            self.out = nn.Linear(16, 3)
+
+        def forward(self, x):
+            return self.out(self.b(self.mid(self.a(self.inp(x)))))
+
+    torch.manual_seed(0)
+    tr = run(Net(), steps=3, monitor={}).dbg.trace()
+    assert {li.name: li.role for li in tr.layers if li.name in ("a", "b")} == {"a": "norm", "b": "norm"}
