@@ -64,8 +64,8 @@ def trace_to_dict(trace: Trace, *, config: dict | None = None, priors: Any = Non
         "rank": trace.rank,
         "world_size": trace.world_size,
         "steps": {"first": trace.first_step, "last": trace.last_step},
-        "model": {"layers": [{"name": l.name, "type": l.type, "index": l.index, "n_params": l.n_params}
-                             for l in trace.layers]},
+        "model": {"layers": [{"name": l.name, "type": l.type, "index": l.index, "n_params": l.n_params,
+                              **({"role": l.role} if l.role else {})} for l in trace.layers]},
         "events": [e.to_dict() for e in trace.events],
         "propagation": [p.to_dict() for p in compress(trace.events, trace.layer_index)],
         "loss": {"n": trace.loss.n, "first": trace.loss.first, "last": trace.loss.last, "min": trace.loss.min,

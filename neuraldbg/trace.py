@@ -216,12 +216,18 @@ def merge_values(sig: Signature, values: list[Any]) -> Any:
 
 @dataclass(frozen=True)
 class LayerInfo:
-    """A monitored leaf module: qualified name, class name, and position in forward order."""
+    """A monitored leaf module: qualified name, class name, and position in forward order.
+
+    ``role`` says what it does when that changes a reading (``neuraldbg/monitor/roles.py``):
+    ``"norm"`` (a normalization layer, whatever its class), ``"attn_qk"`` (an attention query or
+    key projection) or ``""``.
+    """
 
     name: str
     type: str
     index: int
     n_params: int = 0
+    role: str = ""
 
 
 @dataclass(frozen=True)

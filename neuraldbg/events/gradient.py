@@ -51,6 +51,18 @@ def exploding_growth(r: np.ndarray, base: np.ndarray, *, abs_ceiling: float, rel
     return np.where(fires, value, np.nan)
 
 
+def lr_allowance(lr: float | None, base_lr: np.ndarray) -> np.ndarray:
+    """How much of a layer's gradient growth its learning rate explains: ``lr / base_lr`` where
+    the rate has risen since the baseline (``base_lr``: the median rate of its warm-up checks,
+    NaN when unknown), 1 elsewhere. A warm-up that takes the rate 8x up allows 8x more growth
+    before the relative exploding test fires; a rate that falls allows nothing more."""
+    if lr is None or not math.isfinite(lr) or lr <= 0:
+        return np.ones(len(base_lr))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ok = np.isfinite(base_lr) & (base_lr > 0)
+        return np.where(ok, np.maximum(1.0, lr / np.where(ok, base_lr, 1.0)), 1.0)
+
+
 def vanishing_layers(rms_by_layer: dict[str, float], abs_floor: float, ratio: float) -> dict[str, float]:
     """Layers whose gradient RMS is below ``abs_floor`` or below ``ratio`` x the largest layer's;
     layer -> ratio to the largest RMS (see :func:`vanishing_mask`)."""
@@ -75,7 +87,11 @@ class GradientHealthDetector(Detector):
     """Vanishing/exploding gradients from per-layer parameter-gradient RMS.
 
     Baseline per layer: median RMS over the first ``warmup_checks`` checked steps with a
-    backward pass. Steps without backward (evaluation) are ignored, and so is a layer without
+    backward pass, taken per unit of learning rate when the rate is known (``stats.lr``): a
+    baseline formed under a warm-up's near-zero rate measures an untrained model that has not
+    moved, so growth is judged against ``baseline x max(1, lr / baseline lr)``
+    (:func:`lr_allowance`), and a check at rate 0 (nothing moves) joins no baseline.
+    Steps without backward (evaluation) are ignored, and so is a layer without
     gradients in a step (missing, not vanished); an RMS of exactly zero is no observation
     either: a downstream factor that is zero by design (a LoRA A while its B is still 0)
     stops it exactly.
@@ -91,6 +107,8 @@ class GradientHealthDetector(Detector):
         self._index = LayerIndex()
         w = config.warmup_checks
         self._warm = np.zeros((0, w))              # warm-up RMS values per layer
+        self._warm_lr = np.zeros((0, w))           # the learning rate of each of them (NaN: unknown)
+        self._base_lr = np.zeros(0)                # median warm-up rate per layer (NaN: unknown)
         self._n_warm = np.zeros(0, dtype=np.intp)
         self._base = np.zeros(0)                   # NaN until the baseline is formed
         # layers that vanished while their baseline was forming: growth from there is
@@ -103,6 +121,8 @@ class GradientHealthDetector(Detector):
         n = len(self._index)
         if n > len(self._base):
             self._warm = grown(self._warm, n, np.nan)
+            self._warm_lr = grown(self._warm_lr, n, np.nan)
+            self._base_lr = grown(self._base_lr, n, np.nan)
             self._n_warm = grown(self._n_warm, n, 0)
             self._base = grown(self._base, n, np.nan)
             self._vanished_warm = grown(self._vanished_warm, n, False)
@@ -120,6 +140,7 @@ class GradientHealthDetector(Detector):
         if i is not None and i < len(self._base):
             self._n_warm[i] = 0
             self._base[i] = np.nan
+            self._base_lr[i] = np.nan
             self._vanished_warm[i] = False
             self._trusted[i] = np.nan
 
@@ -141,8 +162,10 @@ class GradientHealthDetector(Detector):
             r[r == 0.0] = np.nan
             idx = self._index.of(stats.names)
             self._fit()
-            events = [] if self._quiet(r, self._trusted[idx]) else self._events(stats, idx, r)
-            self._learn_baseline(idx, r)
+            trusted = self._trusted[idx] * lr_allowance(stats.lr, self._base_lr[idx])
+            events = [] if self._quiet(r, trusted) else self._events(stats, idx, r, trusted)
+            if stats.lr != 0.0:  # a check at rate 0 has not moved: no baseline of a moving model
+                self._learn_baseline(idx, r, stats.lr)
         return events
 
     def _quiet(self, r: np.ndarray, trusted: np.ndarray) -> bool:
@@ -158,10 +181,10 @@ class GradientHealthDetector(Detector):
             return False
         return not (low / top < cfg.vanish_ratio and np.count_nonzero(~np.isnan(r)) > 1)
 
-    def _events(self, stats: StepStats, idx: np.ndarray, r: np.ndarray) -> list[Event]:
+    def _events(self, stats: StepStats, idx: np.ndarray, r: np.ndarray, trusted: np.ndarray) -> list[Event]:
         cfg = self.config
         base = self._base[idx]
-        growth = exploding_growth(r, self._trusted[idx], abs_ceiling=cfg.explode_abs, rel=cfg.explode_rel,
+        growth = exploding_growth(r, trusted, abs_ceiling=cfg.explode_abs, rel=cfg.explode_rel,
                                   ratio=cfg.explode_ratio, floor=cfg.vanish_abs)
         exploding = np.flatnonzero(~np.isnan(growth))
         events: list[Event] = []
@@ -206,14 +229,18 @@ class GradientHealthDetector(Detector):
             "out_rms": float(out_rms.get(layer, math.nan))})
             for layer in sorted(bad, key=lambda n: order.get(n, len(order)))]
 
-    def _learn_baseline(self, idx: np.ndarray, r: np.ndarray) -> None:
+    def _learn_baseline(self, idx: np.ndarray, r: np.ndarray, lr: float | None) -> None:
         learn = np.isfinite(r) & np.isnan(self._base[idx])
         if not learn.any():
             return
         at = idx[learn]
         self._warm[at, self._n_warm[at]] = r[learn]
+        self._warm_lr[at, self._n_warm[at]] = np.nan if lr is None else lr
         self._n_warm[at] += 1
         done = at[self._n_warm[at] >= self._warm.shape[1]]
         if len(done):
             self._base[done] = np.median(self._warm[done], axis=1)
+            with np.errstate(invalid="ignore"):
+                # NaN unless every warm-up check knew its rate
+                self._base_lr[done] = np.median(self._warm_lr[done], axis=1)
             self._retrust(done)

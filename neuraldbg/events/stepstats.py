@@ -59,6 +59,9 @@ class StepStats:
 
     #: layers whose training-mode forward ran under ``torch.no_grad()`` this step
     ran_without_grad: tuple[str, ...] = ()
+    #: the primary optimizer's learning rate at this step (largest over its param groups;
+    #: ``None``: unknown -- no optimizer found, or a tensor rate, which is not read to avoid a sync)
+    lr: float | None = None
 
     def __init__(self, step: int, loss: float | None = None, inputs: dict[str, float] | None = None,
                  layers: dict[str, dict[str, float]] | None = None, has_backward: bool = False,

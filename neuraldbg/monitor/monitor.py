@@ -36,6 +36,7 @@ from neuraldbg.monitor.measurements.reference import ReferenceLoss, check_refere
 from neuraldbg.monitor.measurements.weights import weight_census
 from neuraldbg.monitor.optimizers import OptimizerWatch
 from neuraldbg.monitor.records import dist_rank, unwrap
+from neuraldbg.monitor.roles import LayerRoles
 from neuraldbg.monitor.stats import measurable
 from neuraldbg.monitor.settings import (DEFAULT_REFERENCE_EVERY, Settings, check_at_init, check_config,
                                         check_detectors, check_every, check_merge_timeout, check_scaler,
@@ -134,6 +135,8 @@ class NeuralDbg(CausalQueries):
         self._last_step = 0
         self._entered = self._exited = False
         self._census: list = []  # the weight matrices and their norms on entry
+        self._roles: LayerRoles | None = None  # attention q/k and normalization layers
+        self._lr_at: dict[int, float] = {}  # monitor step -> learning rate, until consumed
         self._first_loss_seen = False
         self._loss_is_ce: bool | None = None  # whether the first recorded loss is a cross-entropy
         self._closed_active = False  # whether the step closed last was a checked one
@@ -179,6 +182,7 @@ class NeuralDbg(CausalQueries):
             log.exception("neuraldbg: could not register hooks; monitoring is off for this run")
             return self
         self._safe(self._measure_weights, "weight census")
+        self._safe(self._start_roles, "layer roles")
         self._safe(lambda: self._optimizers.start(self._report), "optimizer hooks")
         self._parts.call("enter")
         self._live = LiveMerge.start(self.rank, self.world_size, self.settings.merge_timeout, self.settings.autosave)
@@ -187,6 +191,8 @@ class NeuralDbg(CausalQueries):
     def __exit__(self, exc_type, exc, tb) -> bool:
         self._exited = True
         self._hooks.remove()
+        if self._roles is not None:
+            self._roles.remove()
         self._safe(self._optimizers.stop, "optimizer hooks")
         self._safe(self._close_step, "close")
         self._safe(self._transfer.drain, "drain")
@@ -196,13 +202,27 @@ class NeuralDbg(CausalQueries):
             self._safe(lambda: setattr(self, "_merged", live.finish(self.trace())), "live merge")
         return False
 
+    def _start_roles(self) -> None:
+        """The layers' roles: by name now, normalization probed on the first forward."""
+        self._roles = LayerRoles(self.root, self._hooks.modules)
+
     def _measure_weights(self) -> None:
         """Every dense weight matrix and its norm, once, before the first update (one host
         transfer): what the initial-scale and step-size measurements start from."""
         self._census = weight_census(self._hooks.modules)
 
     def _optimizer_pre(self, optimizer: Any) -> None:
+        self._safe(lambda: self._note_lr(optimizer), "learning rate")
         self._parts.call("optimizer_pre", optimizer, self._update_checked())
+
+    def _note_lr(self, optimizer: Any) -> None:
+        """The primary optimizer's learning rate at this step, for the gradient baselines
+        (``neuraldbg/events/gradient.py``); host floats only, a tensor rate is not read."""
+        if not self._optimizers.is_primary(optimizer):
+            return
+        lrs = [float(g["lr"]) for g in optimizer.param_groups if isinstance(g.get("lr"), (int, float))]
+        if lrs:
+            self._lr_at[self._step] = max(lrs)
 
     def _optimizer_post(self, optimizer: Any) -> None:
         self._parts.call("optimizer_post", optimizer, self._update_checked())
@@ -292,6 +312,12 @@ class NeuralDbg(CausalQueries):
         self._last_step = max(self._last_step, st.step)
         if st.loss is not None:
             self._loss.add(st.step, st.loss)
+        if self._lr_at:
+            # without dbg.step, record_loss has already advanced the step when the optimizer
+            # of this one runs: its rate is then filed under the next step
+            st.lr = self._lr_at.get(st.step, self._lr_at.get(st.step + 1))
+            for s in [s for s in self._lr_at if s < st.step]:
+                del self._lr_at[s]
         if self._detectors is None:
             self._detectors = build_detectors(self.settings.detectors, self.config, self._context())
         for det in self._detectors:
@@ -392,8 +418,10 @@ class NeuralDbg(CausalQueries):
         modules = self._hooks.modules
         names = list(self._hooks.order) + [n for n, _ in modules if n not in self._order_pos]
         mods = dict(modules)
+        role = self._roles.role if self._roles is not None else (lambda n: "")
         return tuple(LayerInfo(name=n, type=type(mods[n]).__name__, index=i,
-                               n_params=sum(p.numel() for p in mods[n].parameters(recurse=False) if measurable(p)))
+                               n_params=sum(p.numel() for p in mods[n].parameters(recurse=False) if measurable(p)),
+                               role=role(n))
                      for i, n in enumerate(names))
 
     def trace(self, flush: bool = True) -> Trace:

@@ -87,14 +87,15 @@ def _layers(c: Checker, layers: Any) -> list[dict]:
     out, seen = [], set()
     for i, l in enumerate(c.array(layers, "model.layers")):
         path = join("model.layers", i)
-        c.obj(l, path, ("name", "type", "index"), ("n_params",))
+        c.obj(l, path, ("name", "type", "index"), ("n_params", "role"))
         name = c.string(l["name"], join(path, "name"))
         if name in seen:
             raise c.fail(join(path, "name"), f"layer {show(name)} is listed twice; layer names are unique")
         seen.add(name)
         out.append({"name": name, "type": c.string(l["type"], join(path, "type")),
                     "index": c.integer(l["index"], join(path, "index"), 0),
-                    "n_params": c.integer(l.get("n_params", 0), join(path, "n_params"), 0)})
+                    "n_params": c.integer(l.get("n_params", 0), join(path, "n_params"), 0),
+                    "role": c.string(l.get("role", ""), join(path, "role"), ("", "norm", "attn_qk"))})
     return out
 
 

@@ -3,12 +3,15 @@
 Cut points (reasoning in ``docs/causal_model.md``): ``depth_risk`` is "deep" with at least
 ``DEEP_LAYERS`` parameter layers and no normalization layer, "deep_saturating" with at least
 ``SATURATING_DEPTH`` saturating activation modules (sigmoid, tanh...) and no normalization.
+A layer is normalization by its torch class name (``NORM_TYPES``, the fast path) or by its
+measured role ``"norm"`` (``neuraldbg/monitor/roles.py``: a library class such as
+``T5LayerNorm`` or ``LlamaRMSNorm``, or a user's own, found by what its first forward does).
 """
 from __future__ import annotations
 
 from neuraldbg.causal.structure import Reading, Table
 from neuraldbg.causal.view import TraceView
-from neuraldbg.trace import Trace
+from neuraldbg.trace import LayerInfo, Trace
 
 #: where these nodes stand among the others (neuraldbg/causal/nodes/__init__.py)
 ORDER = 50
@@ -23,11 +26,16 @@ NORM_TYPES = frozenset({"BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchN
                         "LocalResponseNorm", "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d"})
 
 
+def is_norm(layer: LayerInfo) -> bool:
+    """Whether a monitored layer is a normalization layer: by class name or by measured role."""
+    return layer.type in NORM_TYPES or layer.role == "norm"
+
+
 def _counts(trace: Trace) -> tuple[int, int, int]:
     """(parameter layers that are not normalization, saturating activations, normalization layers)."""
-    types = [li.type for li in trace.layers]
-    n_param = sum(1 for li in trace.layers if li.n_params > 0 and li.type not in NORM_TYPES)
-    return n_param, sum(t in SATURATING_TYPES for t in types), sum(t in NORM_TYPES for t in types)
+    norm = [is_norm(li) for li in trace.layers]
+    n_param = sum(1 for li, nm in zip(trace.layers, norm) if li.n_params > 0 and not nm)
+    return n_param, sum(li.type in SATURATING_TYPES for li in trace.layers), sum(norm)
 
 
 def depth_risk_state(trace: Trace) -> str | None:

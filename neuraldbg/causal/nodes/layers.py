@@ -15,11 +15,19 @@ Cut points (reasoning in ``docs/causal_model.md``):
 * ``COUPLING_LAYERS``/``COUPLING_STEPS`` -- saturation at init is "with vanishing" when a vanishing
   event starts at most ``COUPLING_STEPS`` steps from it, at most ``COUPLING_LAYERS`` layers away
   in forward order.
+* ``LOSS_FLOOR`` -- saturation that starts 'later' is no evidence when the loss from its onset
+  on (median) is at most this share of its reference (chance level ``ln K`` when known, else
+  the run's own start): a classifier that confident (5 % of ``ln 2`` is a mean probability of
+  0.966 on the right class) pins a bounded pooler or gate at its bounds by doing its job.
+* Attention query/key projections (role ``"attn_qk"``, ``neuraldbg/monitor/roles.py``) whose
+  vanishing starts at init are no evidence, whatever the loss does (:func:`qk_at_init`).
 """
 from __future__ import annotations
 
-from typing import Callable
+import math
+from typing import Callable, Sequence
 
+from neuraldbg.causal.nodes.run import chance_loss
 from neuraldbg.causal.structure import NoisyMax, Reading
 from neuraldbg.causal.view import TraceView
 from neuraldbg.events.base import ACTIVATION, GRADIENT, Event
@@ -30,6 +38,7 @@ ORDER = 10
 SMALL_SIGNAL = 1e-2
 COUPLING_LAYERS = 2
 COUPLING_STEPS = 5
+LOSS_FLOOR = 0.05
 
 #: activation modules on which the monitor measures saturation / dead units: absence of those
 #: events is evidence only when the model has such modules
@@ -66,13 +75,36 @@ def vanishing_signal(van: list[Event], view: TraceView) -> str | tuple[str, ...]
     return "init_uniform" if rms[len(rms) // 2] < SMALL_SIGNAL else "init_depth"
 
 
+def qk_at_init(events: list[Event], qk_layers: set[str], is_init: Callable[[int], bool]) -> set[str]:
+    """The attention query/key layers (``qk_layers``) whose first vanishing event in ``events``
+    starts at init: their small gradient is the near-uniform attention of an untrained model,
+    by construction, and stays so until the scores learn -- whatever the loss does."""
+    first: dict[str, int] = {}
+    for e in events:
+        if e.layer in qk_layers:
+            first[e.layer] = min(first.get(e.layer, e.step), e.step)
+    return {layer for layer, step in first.items() if is_init(step)}
+
+
+def vanishing_events(view: TraceView) -> list[Event]:
+    """The vanishing-gradient events that are evidence: all but those of attention query/key
+    projections vanishing from init (:func:`qk_at_init`; roles from ``neuraldbg/monitor/roles.py``)."""
+    van = view.of_kind(GRADIENT, "vanishing")
+    qk = {li.name for li in view.trace.layers if li.role == "attn_qk"}
+    if not qk or not van:
+        return van
+    excused = qk_at_init(van, qk, view.is_init)
+    return [e for e in van if e.layer not in excused]
+
+
 def vanishing(view: TraceView) -> Reading | None:
-    """First vanishing-gradient events, by onset phase and forward signal. Small gradients on a
-    loss that keeps improving are no evidence: learning is not stuck (attention query/key
-    gradients at init, a loss converging near its floor)."""
+    """First vanishing-gradient events, by onset phase and forward signal. Attention query/key
+    projections small from init are left out (:func:`vanishing_events`); small gradients on a
+    loss that keeps improving are no evidence: learning is not stuck (a loss converging near
+    its floor)."""
     from neuraldbg.causal.nodes.loss import loss_pattern_of
 
-    van = view.of_kind(GRADIENT, "vanishing")
+    van = vanishing_events(view)
     if not van:
         return Reading("absent") if view.grad_layers else view.unwatched(NO_GRADIENT_LAYER, gradients=True)
     first = view.first(van)
@@ -84,15 +116,30 @@ def vanishing(view: TraceView) -> Reading | None:
     return Reading(state, tuple(van), note)
 
 
+def loss_at_floor(history: Sequence[tuple[int, float]], onset: int, chance: float | None) -> bool:
+    """Whether the loss from step ``onset`` on sits at its floor: the median of its finite values
+    (at least 3) at most ``LOSS_FLOOR`` x the reference -- ``chance`` (``ln K``) when known, else
+    the median of the first ``LOSS_HEAD`` of the run. Pure."""
+    from neuraldbg.causal.nodes.loss import LOSS_HEAD, median
+
+    vals = [v for _, v in history if math.isfinite(v)]
+    after = [v for s, v in history if s >= onset and math.isfinite(v)]
+    if len(after) < 3 or len(vals) < 3:
+        return False
+    ref = chance if chance is not None else median(vals[:max(3, int(len(vals) * LOSS_HEAD))])
+    return ref > 0 and median(after) <= LOSS_FLOOR * ref
+
+
 def saturation(view: TraceView) -> Reading | None:
     """Bounded activations pinned at their bounds, by onset; 'init_vanishing' when vanishing
-    gradients start next to them (the deep-sigmoid signature)."""
+    gradients start next to them (the deep-sigmoid signature). Saturation that starts later,
+    once the loss sits at its floor (:func:`loss_at_floor`), is no evidence: a confident model."""
     sat = view.of_kind(ACTIVATION, "saturated")
     if not sat:
         if view.watched and view.layer_types & BOUNDED_TYPES:
             return Reading("absent")
         return view.unwatched("no bounded activation module (sigmoid, tanh, softmax...) is monitored")
-    van = view.of_kind(GRADIENT, "vanishing")
+    van = vanishing_events(view)
     first = view.first(sat)
 
     def near(a: Event, b: Event) -> bool:
@@ -107,6 +154,9 @@ def saturation(view: TraceView) -> Reading | None:
         state, support = "later", tuple(sat)
     note = (f"saturated activations first in {first.layer} at step {first.step}"
             + (", next to vanishing gradients" if state == "init_vanishing" else ""))
+    if state == "later" and loss_at_floor(view.trace.loss.history, first.step, chance_loss(view.signatures)):
+        return Reading(None, support, note + "; not evidence: the loss is at its floor",
+                       reason="saturation of a model whose loss sits at its floor is confidence, not instability")
     return Reading(state, support, note)
 
 
