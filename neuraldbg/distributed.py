@@ -317,3 +317,126 @@ class LiveMerge:
             return f"rank {r} from its start on ({why}; its autosave {path} did not read: {type(exc).__name__})"
         traces[r] = dataclasses.replace(saved, rank=r)
         return f"rank {r} from step {saved.last_step} on ({why}; its last autosave, {path}, is merged)"
+
+
+# ---- two consecutive parts of one run ------------------------------------------------------
+
+#: loss points a concatenated trace keeps (a chain of resumes stays bounded, as one monitor's is)
+CONCAT_HISTORY = 1024
+
+
+def _concat_loss(a: Any, b: Any) -> Any:
+    """The loss summary of ``a`` followed by ``b`` (``LossSummary`` s of consecutive parts)."""
+    mins = [m for m in (a.min, b.min) if m is not None]
+    history = tuple(a.history) + tuple(b.history)
+    while len(history) > CONCAT_HISTORY:
+        history = history[::2]
+    return dataclasses.replace(
+        b, n=a.n + b.n, first=a.first if a.n else b.first, last=b.last if b.n else a.last,
+        min=min(mins) if mins else None, n_nonfinite=a.n_nonfinite + b.n_nonfinite,
+        first_nonfinite_step=a.first_nonfinite_step if a.first_nonfinite_step is not None else b.first_nonfinite_step,
+        history=history)
+
+
+def concat_signatures(earlier: Signatures, later: Signatures) -> Signatures:
+    """The signatures of a run made of ``earlier`` and then ``later`` (one rank, consecutive steps).
+
+    Unlike the ranks of :func:`merge_signatures`, the parts saw different steps, so each
+    signature combines by *when* it is measured (``neuraldbg/trace.py``):
+
+    - ``entry``: the earlier part's, values and reasons alike: the run's entry is its entry.
+      A part resumed from a checkpoint says ``started_trained``; the whole run did not, when
+      its first part started at initialization;
+    - ``window`` (the first checked steps): the earlier part's where it measured one, else the
+      later's; but the step-size window is read at the peak learning rate, so when the later
+      part ran at a higher ``lr_peak`` its step ratios are the run's;
+    - ``run``: integers are counts over the steps and add up; ``max``/``min``/``any`` merge as
+      over ranks; the others (``lr``, ``reference_tail``...) say the run's latest state: the
+      later part's.
+
+    A signature neither part measured keeps the earlier part's reason for an ``entry`` one, else
+    the later part's (the earlier's when the later gives none).
+    """
+    from neuraldbg.causal.nodes import signature_table
+    from neuraldbg.causal.nodes.run import LR_PEAK
+    from neuraldbg.causal.nodes.causes import STEP_RATIO_MAX, STEP_RATIO_MEDIAN, STEP_RATIO_STEPS
+
+    table = signature_table()
+    step_size = {STEP_RATIO_MEDIAN.name, STEP_RATIO_MAX.name, STEP_RATIO_STEPS.name}
+    peak_a, peak_b = earlier.number(LR_PEAK), later.number(LR_PEAK)
+    later_peak = peak_b is not None and (peak_a is None or peak_b > peak_a) \
+        and any(later.value(table[n]) is not None for n in step_size)
+    values: dict[str, Any] = {}
+    steps: dict[str, int | None] = {}
+    e_steps, l_steps = earlier.steps(), later.steps()
+
+    def take(name: str, src: Signatures, at: dict[str, int]) -> None:
+        values[name], steps[name] = src.value(table[name]), at.get(name)
+
+    for name in sorted(set(earlier.names()) | set(later.names())):
+        sig = table[name]
+        in_a, in_b = sig in earlier, sig in later
+        if sig.when == "entry":
+            if in_a:
+                take(name, earlier, e_steps)
+        elif sig.when == "window":
+            if name in step_size and later_peak:
+                if in_b:
+                    take(name, later, l_steps)
+            elif in_a:
+                take(name, earlier, e_steps)
+            else:
+                take(name, later, l_steps)
+        elif not (in_a and in_b):
+            take(name, earlier if in_a else later, e_steps if in_a else l_steps)
+        else:
+            a, b = earlier.value(sig), later.value(sig)
+            if sig.kind == "integer":
+                values[name] = a + b
+            elif sig.merge in ("max", "min", "any"):
+                values[name] = merge_values(sig, [a, b])
+            else:
+                values[name] = b
+            steps[name] = l_steps.get(name)
+    gaps: dict[str, str] = {}
+    for name in set(earlier.gaps()) | set(later.gaps()):
+        if name in values:
+            continue
+        first, second = (earlier, later) if table[name].when == "entry" else (later, earlier)
+        why = first.gaps().get(name)
+        if why is None and table[name].when != "entry":
+            why = second.gaps().get(name)
+        if why is not None:
+            gaps[name] = why
+    return Signatures(values, steps, gaps)
+
+
+def concat_traces(earlier: Trace, later: Trace) -> Trace:
+    """One trace of a run from two consecutive parts of it on one rank: ``earlier`` up to a
+    checkpoint, ``later`` resumed from it (``NeuralDbg(resume=...)``, the framework callbacks).
+
+    Not a rank merge (:func:`merge_traces`: the same steps seen by several processes): the
+    events of both parts are kept, in step order; the loss summaries join (counts add, the first
+    loss is the earlier part's, the last the later's); the signatures combine by when they are
+    measured (:func:`concat_signatures`). The layers and the rank are the later part's.
+    ``ValueError`` when the parts are of different families or ``later`` starts before
+    ``earlier``'s last step (not consecutive: resume from the checkpoint whose state is passed).
+    """
+    for name, t in (("earlier", earlier), ("later", later)):
+        if not isinstance(t, Trace):
+            raise TypeError(f"concat_traces: {name} must be a Trace, got {type(t).__name__}")
+    if earlier.family != later.family:
+        raise ValueError(f"concat_traces: the parts are of different families ({earlier.family!r}, "
+                         f"{later.family!r}); pass two parts of one run")
+    if later.first_step < earlier.last_step:
+        raise ValueError(f"concat_traces: the later part starts at step {later.first_step}, before the earlier part's "
+                         f"last step {earlier.last_step}: not consecutive parts of one run (resume from the "
+                         "checkpoint whose state is passed)")
+    events = sorted((*earlier.events, *later.events),
+                    key=lambda e: (e.step, e.end_step, e.type, e.kind, e.layer or "", -1 if e.rank is None else e.rank))
+    return Trace(events=tuple(events), layers=later.layers or earlier.layers, family=later.family,
+                 first_step=earlier.first_step, last_step=max(earlier.last_step, later.last_step),
+                 loss=_concat_loss(earlier.loss, later.loss), rank=later.rank,
+                 world_size=later.world_size if later.world_size is not None else earlier.world_size,
+                 signatures=concat_signatures(earlier.signatures, later.signatures),
+                 internal_errors=earlier.internal_errors + later.internal_errors)

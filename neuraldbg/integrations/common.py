@@ -81,11 +81,60 @@ def resumed_kwargs(kwargs: dict[str, Any], step: int | None, checkpoint: Any = N
     return {**kwargs, "at_init": f"resumed from a checkpoint at step {step}{where}"}
 
 
+#: version of the state a callback keeps in a checkpoint (:func:`callback_state`)
+STATE_VERSION = 1
+
+
+def callback_state(dbg: Any, step: int | None) -> dict[str, Any]:
+    """What a callback keeps in a checkpoint: ``{"version", "step", "started_at_init",
+    "session"}``, where ``session`` is the monitor's session document so far
+    (``dbg.session_dict()``: JSON-safe, no tensors, no priors) and ``started_at_init`` whether
+    the run's first part started at an initialization (its entry is the run's). Empty when no
+    monitor ran yet."""
+    if dbg is None:
+        return {}
+    from neuraldbg.causal.nodes.run import STARTED_TRAINED
+
+    doc = dbg.session_dict()
+    return {"version": STATE_VERSION, "step": step, "started_at_init": STARTED_TRAINED.name not in doc["signatures"],
+            "session": doc}
+
+
+def resume_state(state: Any) -> dict[str, Any] | None:
+    """``state`` (from a checkpoint) when it is a callback state this version reads, else ``None``
+    with a warning saying why: a checkpoint of another version must not stop the fit."""
+    if not state:
+        return None
+    if not isinstance(state, dict) or state.get("version") != STATE_VERSION \
+            or not isinstance(state.get("session"), dict):
+        got = state.get("version") if isinstance(state, dict) else type(state).__name__
+        log.warning("neuraldbg: the callback state in the checkpoint is not one this version reads (version %r, "
+                    "valid: %d); the resumed run is diagnosed from the resume on", got, STATE_VERSION)
+        return None
+    return state
+
+
+def resumed_monitor_kwargs(kwargs: dict[str, Any], state: dict[str, Any] | None) -> dict[str, Any]:
+    """``kwargs`` with ``resume=`` the earlier part's session when a checkpoint carried one (and
+    the user passed no ``resume``)."""
+    if state is None or "resume" in kwargs:
+        return kwargs
+    return {**kwargs, "resume": state["session"]}
+
+
 def start(model: Any, optimizer: Any, kwargs: dict[str, Any]) -> Any:
     """A :class:`NeuralDbg` on ``model``, entered. Bad arguments raise (before training starts)."""
     from neuraldbg.monitor.monitor import NeuralDbg
 
-    dbg = NeuralDbg(model, optimizer=optimizer, **kwargs)
+    if "resume" in kwargs:
+        try:
+            dbg = NeuralDbg(model, optimizer=optimizer, **kwargs)
+        except (TypeError, ValueError) as e:  # a checkpoint's state that does not fit: this part alone
+            log.warning("neuraldbg: the checkpoint's monitor state cannot be continued (%s); the resumed run is "
+                        "diagnosed from the resume on", e)
+            dbg = NeuralDbg(model, optimizer=optimizer, **{k: v for k, v in kwargs.items() if k != "resume"})
+    else:
+        dbg = NeuralDbg(model, optimizer=optimizer, **kwargs)
     dbg.__enter__()
     return dbg
 
@@ -227,6 +276,8 @@ class CallbackBase:
         self._active = False
         self._reported: set = set()
         self._live = LiveMetrics()
+        #: the monitor state read from the checkpoint being resumed (consumed by the next start)
+        self.resume_state: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
         return f"NeuralDbgCallback(export={self.export!r}, **{self.neuraldbg_kwargs!r})"

@@ -10,7 +10,10 @@
   ``on_fit_start`` and before ``on_train_start``, so the monitor sees the run as it resumes;
   when ``fit(..., ckpt_path=...)`` resumed (``trainer.ckpt_path`` set, or ``global_step > 0``)
   it gets ``at_init="resumed from a checkpoint at step N"`` unless ``at_init`` was given: the
-  restored weights are not read as an initialization;
+  restored weights are not read as an initialization. The monitor's state rides in every
+  checkpoint (``state_dict``: the session document so far and the step reached, JSON-safe);
+  a fit resumed from one continues it (``NeuralDbg(resume=...)``): the diagnosis, the trace
+  and the export cover the whole run, and the first part's initialization stays evidence;
 - ``on_train_batch_start``: the monitor's step is ``trainer.global_step`` (optimizer steps, so
   the micro-batches of ``accumulate_grad_batches`` share one step);
 - ``on_train_batch_end``: the loss from ``outputs`` (Lightning divides it by the accumulation
@@ -77,10 +80,31 @@ class _Hooks(common.CallbackBase):
         # now, on every rank: trainer.log_dir is a collective (a broadcast), which a rank that
         # raised could not join at on_exception
         self._log_dir = common.guarded(self._reported, "finding the log folder", _log_dir, trainer)
-        kwargs = common.resumed_kwargs(self.neuraldbg_kwargs, int(getattr(trainer, "global_step", 0) or 0),
-                                       getattr(trainer, "ckpt_path", None))
+        step = int(getattr(trainer, "global_step", 0) or 0)
+        ckpt = getattr(trainer, "ckpt_path", None)
+        kwargs = common.resumed_kwargs(self.neuraldbg_kwargs, step, ckpt)
+        state, self.resume_state = self.resume_state, None  # one checkpoint, one resume
+        if step or ckpt:
+            kwargs = common.resumed_monitor_kwargs(kwargs, state)
         self.dbg = common.start(pl_module, common.unwrap_optimizer(opts[0]) if len(opts) == 1 else None, kwargs)
         self._active = True
+
+    def state_dict(self) -> dict[str, Any]:
+        """The monitor's state so far, saved in the checkpoint (``checkpoint["callbacks"]``):
+        its session document and the step reached (``common.callback_state``); ``{}`` before
+        any run."""
+        state = common.guarded(self._reported, "saving the monitor state", common.callback_state, self.dbg,
+                               self._step_reached())
+        return state or {}
+
+    def _step_reached(self) -> int | None:
+        return None if self.dbg is None else int(self.dbg.step)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep the state of the checkpoint being resumed: the next ``on_train_start`` of a
+        resumed fit continues its evidence (``NeuralDbg(resume=...)``)."""
+        self.resume_state = common.guarded(self._reported, "reading the monitor state", common.resume_state,
+                                           state_dict)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         """The step is the optimizer step about to be taken."""

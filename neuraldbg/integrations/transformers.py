@@ -6,7 +6,13 @@
   with its ``optimizer`` (accelerate's wrapper looked through). ``train(resume_from_checkpoint=...)``
   has restored the weights, the optimizer state and ``state.global_step`` by then: a run that
   starts at ``global_step > 0`` gets ``at_init="resumed from a checkpoint at step N"`` unless
-  ``at_init`` was given, so the restored weights are not read as an initialization;
+  ``at_init`` was given, so the restored weights are not read as an initialization. The
+  monitor's state rides in each checkpoint's ``trainer_state.json`` (``stateful_callbacks``:
+  the callback is a ``transformers.ExportableState``); a resumed ``train`` continues it
+  (``NeuralDbg(resume=...)``), so the diagnosis, the trace and the export cover the whole run
+  and the first part's initialization stays evidence. The callback reads that state itself,
+  so ``restore_callback_states_from_checkpoint`` need not be on (when it is, the Trainer
+  replaces the callback passed by one built from its JSON-safe arguments);
 - ``on_step_begin``: the monitor's step is ``state.global_step``, so the
   ``gradient_accumulation_steps`` micro-batches of one optimizer step share one step;
 - the loss: each training forward's ``outputs.loss`` (what ``Trainer.compute_loss`` reads),
@@ -32,6 +38,7 @@ hooks come off and the crashed run is diagnosed too.
 """
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -67,7 +74,14 @@ class _Hooks(common.CallbackBase):
         self._zero = bool(getattr(state, "is_world_process_zero", True))
         self._live = common.LiveMetrics()
         self._handler = common.guarded(self._reported, "finding the Trainer's callbacks", self._go_first)
-        kwargs = common.resumed_kwargs(self.neuraldbg_kwargs, int(getattr(state, "global_step", 0) or 0))
+        step = int(getattr(state, "global_step", 0) or 0)
+        kwargs = common.resumed_kwargs(self.neuraldbg_kwargs, step)
+        saved, self.resume_state = self.resume_state, None  # one checkpoint, one resume
+        if step:
+            if saved is None:  # the Trainer restores stateful callbacks only when asked: read it here
+                saved = common.guarded(self._reported, "reading the monitor state", _saved_state, state)
+            kwargs = common.resumed_monitor_kwargs(kwargs, common.resume_state(saved))
+            common.guarded(self._reported, "making room for the monitor state", _make_room, state)
         self.dbg = common.start(model, common.unwrap_optimizer(optimizer), kwargs)
         self._active = True
         self._handle = common.guarded(self._reported, "hooking the loss", model.register_forward_hook, self._forward)
@@ -93,6 +107,17 @@ class _Hooks(common.CallbackBase):
         common.log.info("neuraldbg: the Trainer's callback list was not found; report_to integrations that "
                         "run before this callback do not receive the diagnosis in their logs")
         return None
+
+    def state(self) -> dict[str, Any]:
+        """``transformers.ExportableState``: what ``trainer_state.json`` keeps under
+        ``stateful_callbacks["NeuralDbgCallback"]`` at each checkpoint. ``attributes.resume_state``
+        is the monitor's state so far (``common.callback_state``: its session document, the step
+        reached); ``args`` the constructor's arguments that JSON holds (a ``priors`` object or a
+        ``reference`` function is left out: the Trainer rebuilds the callback from ``args`` when
+        ``restore_callback_states_from_checkpoint`` is on)."""
+        saved = common.guarded(self._reported, "saving the monitor state", common.callback_state, self.dbg,
+                               None if self.dbg is None else int(self.dbg.step))
+        return {"args": _json_args(self.export, self.neuraldbg_kwargs), "attributes": {"resume_state": saved or None}}
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """The step is the optimizer step about to be taken (closing the last may sync)."""
@@ -180,15 +205,53 @@ class _Hooks(common.CallbackBase):
         return False
 
 
+def _saved_state(state: Any) -> Any:
+    """The callback's state in the checkpoint the Trainer resumed from (``state.stateful_callbacks``
+    as ``trainer_state.json`` holds it), or ``None``."""
+    saved = (getattr(state, "stateful_callbacks", None) or {}).get("NeuralDbgCallback")
+    if isinstance(saved, list):  # several callbacks of one class: the first is this one
+        saved = saved[0] if saved else None
+    return (saved.get("attributes") or {}).get("resume_state") if isinstance(saved, dict) else None
+
+
+def _make_room(state: Any) -> None:
+    """An entry for this callback in ``state.stateful_callbacks`` when the checkpoint resumed has
+    none (it was saved without the callback): ``Trainer._save_checkpoint`` updates the entry of
+    each stateful callback by its class name and raises ``KeyError`` on a missing one."""
+    saved = getattr(state, "stateful_callbacks", None)
+    if isinstance(saved, dict) and "NeuralDbgCallback" not in saved:
+        saved["NeuralDbgCallback"] = {"args": {}, "attributes": {}}
+
+
+def _json_args(export: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The constructor arguments JSON holds (``trainer_state.json`` is JSON)."""
+    import json
+
+    args: dict[str, Any] = {}
+    for name, value in {"export": str(export) if isinstance(export, os.PathLike) else export, **kwargs}.items():
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            continue
+        args[name] = value
+    return args
+
+
 def callback_class() -> type:
-    """The ``NeuralDbgCallback`` class (a ``transformers.TrainerCallback``)."""
+    """The ``NeuralDbgCallback`` class (a ``transformers.TrainerCallback`` and, where transformers
+    has it, an ``ExportableState``: its state rides in the checkpoints)."""
     cls = _classes.get("cls")
     if cls is None:
         try:
             from transformers import TrainerCallback
         except ImportError as e:
             raise ImportError("NeuralDbgCallback needs transformers: pip install transformers accelerate") from e
-        cls = _classes["cls"] = common.callback_type(_Hooks, (TrainerCallback,), __name__, __doc__)
+        try:
+            from transformers.trainer_callback import ExportableState
+            bases: tuple[type, ...] = (TrainerCallback, ExportableState)
+        except ImportError:  # transformers before 4.41: no stateful callbacks
+            bases = (TrainerCallback,)
+        cls = _classes["cls"] = common.callback_type(_Hooks, bases, __name__, __doc__)
     return cls
 
 

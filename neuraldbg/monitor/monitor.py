@@ -21,7 +21,7 @@ from torch import nn
 from neuraldbg.causal.nodes.run import EVERY, GRAD_STEPS, LR, OPTIMIZER, STATS_STEPS
 from neuraldbg.causal.priors import as_priors
 from neuraldbg.config import DetectorConfig
-from neuraldbg.distributed import DEFAULT_MERGE_TIMEOUT, LiveMerge
+from neuraldbg.distributed import DEFAULT_MERGE_TIMEOUT, LiveMerge, concat_traces
 from neuraldbg.events.base import Event
 from neuraldbg.events.compress import EventLog, Propagation, compress
 from neuraldbg.events.registry import DetectorContext, build_detectors
@@ -39,8 +39,8 @@ from neuraldbg.monitor.records import dist_rank, unwrap
 from neuraldbg.monitor.roles import LayerRoles
 from neuraldbg.monitor.stats import measurable
 from neuraldbg.monitor.settings import (DEFAULT_REFERENCE_EVERY, Settings, check_at_init, check_config,
-                                        check_detectors, check_every, check_merge_timeout, check_scaler,
-                                        check_sync_every)
+                                        check_detectors, check_every, check_merge_timeout, check_resume,
+                                        check_scaler, check_sync_every)
 from neuraldbg.monitor.transfer import HostTransfer
 from neuraldbg.queries import CausalQueries
 from neuraldbg.trace import LayerInfo, Signatures, Trace
@@ -92,6 +92,12 @@ class NeuralDbg(CausalQueries):
             ranks), rank 0 waits at most this many seconds at exit for the other ranks' traces,
             then answers its queries for the whole job (:attr:`merged_trace`; a rank that sent
             none is named unobserved, ``docs/distributed.md``). 0 turns the live merge off.
+        resume: the earlier part of a run resumed from a checkpoint: its session document
+            (:meth:`session_dict`, ``trace_to_dict``), ``Session`` or ``Trace``. This monitor
+            then continues its evidence: :meth:`trace`, the queries and the export answer for
+            the whole run (``neuraldbg.distributed.concat_traces``): the earlier part's events,
+            loss history and entry signatures (its initialization, when it started at one) with
+            this part's. ``None`` (default): the monitor sees the run from its start.
 
     ``dbg.settings`` holds all of them, validated, as one frozen record.
     """
@@ -101,7 +107,8 @@ class NeuralDbg(CausalQueries):
                  priors: Any = None, sync_every: int | None = None, scaler: Any = None,
                  snapshots: bool | int | None = None, autosave: Any = None, autosave_interval: float = 30.0,
                  reference: Any = None, reference_every: int = DEFAULT_REFERENCE_EVERY,
-                 at_init: bool | str | None = None, merge_timeout: float = DEFAULT_MERGE_TIMEOUT) -> None:
+                 at_init: bool | str | None = None, merge_timeout: float = DEFAULT_MERGE_TIMEOUT,
+                 resume: Any = None) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"NeuralDbg expects a torch.nn.Module, got {type(model).__name__}")
         self.model = model
@@ -115,7 +122,8 @@ class NeuralDbg(CausalQueries):
             detectors=check_detectors(detectors), priors=pri, sync_every=check_sync_every(sync_every),
             scaler=check_scaler(scaler), snapshots=snapshots, autosave=autosave,
             autosave_interval=autosave_interval, reference=reference, reference_every=reference_every,
-            at_init=check_at_init(at_init), merge_timeout=check_merge_timeout(merge_timeout))
+            at_init=check_at_init(at_init), merge_timeout=check_merge_timeout(merge_timeout),
+            resume=check_resume(resume, family))
         self._priors = pri
         self._hooks = ModuleHooks(self.root, every=self.every, config=self.config, scaler=self.scaler,
                                   report=self._report, backward_started=self._backward_started,
@@ -435,10 +443,31 @@ class NeuralDbg(CausalQueries):
             self._internal_errors += 1
             self._report(("internal", "signatures", type(e).__name__), f"internal error in signatures: {e!r}")
             sigs = Signatures()
-        return Trace(events=events, layers=self.layers(), family=self.family,
-                     first_step=self._first_step or 0, last_step=self._last_step,
-                     loss=self._loss.summary(), rank=self.rank, world_size=self.world_size, signatures=sigs,
-                     internal_errors=self._internal_errors)
+        first, last = self._first_step or 0, self._last_step
+        earlier = self.settings.resume
+        if earlier is not None and self._first_step is None:
+            # nothing of this part has reached the host yet: it is where the earlier part ended
+            first = last = earlier.last_step
+        own = Trace(events=events, layers=self.layers(), family=self.family, first_step=first, last_step=last,
+                    loss=self._loss.summary(), rank=self.rank, world_size=self.world_size, signatures=sigs,
+                    internal_errors=self._internal_errors)
+        if earlier is None:
+            return own
+        try:
+            return concat_traces(earlier, own)
+        except Exception as e:  # noqa: BLE001 - a state that does not fit: this part alone, logged once
+            self._fail("resume", e)
+            return own
+
+    def session_dict(self) -> dict:
+        """The session document of :meth:`trace` (``trace_to_dict``: JSON-safe, no tensors) without
+        the embedded priors: what the framework callbacks keep in a checkpoint and pass back as
+        ``resume=`` (the resumed monitor diagnoses with its own priors)."""
+        from neuraldbg.session import trace_to_dict
+
+        doc = trace_to_dict(self.trace(), config=self.config.to_dict(), priors=self.priors)
+        doc["priors"] = None
+        return doc
 
     @property
     def merged_trace(self) -> Trace | None:

@@ -27,7 +27,9 @@ class Settings:
     ``at_init`` whether the weights on entry are an initialization (``None``: decide from the
     run, e.g. an optimizer that already holds state means a resume; a string: not at
     initialization, and why, as the framework callbacks say it of a resume); ``merge_timeout`` how
-    long rank 0 waits at exit for the other ranks' traces (0: no live merge).
+    long rank 0 waits at exit for the other ranks' traces (0: no live merge); ``resume`` the
+    :class:`~neuraldbg.trace.Trace` of the run's part before the checkpoint it resumed from
+    (``None``: this monitor sees the run from its start).
     """
 
     family: str
@@ -45,6 +47,7 @@ class Settings:
     reference_every: int = DEFAULT_REFERENCE_EVERY
     at_init: bool | str | None = None
     merge_timeout: float = 30.0
+    resume: Any = None
 
     def as_kwargs(self) -> dict[str, Any]:
         """The keyword arguments that build a monitor with these settings:
@@ -131,3 +134,31 @@ def check_merge_timeout(timeout: Any) -> float:
         raise ValueError(f"merge_timeout must be a finite number of seconds >= 0 (0: no live merge at exit), "
                          f"got {timeout!r}")
     return float(timeout)
+
+
+def check_resume(resume: Any, family: str) -> Any:
+    """``resume`` as the :class:`~neuraldbg.trace.Trace` of the run's earlier part: a ``Trace``, a
+    session document (``trace_to_dict``, what the callbacks keep in a checkpoint), a loaded
+    ``Session``, or ``None``; a document may leave its ``priors`` out (``None``, as
+    ``dbg.session_dict()`` does). ``TypeError`` for anything else; a broken document raises
+    ``SessionFormatError`` naming the field; another family than the monitor's ``ValueError``."""
+    if resume is None:
+        return None
+    from neuraldbg.session import Session, priors_block, trace_from_dict
+    from neuraldbg.trace import Trace
+
+    if isinstance(resume, Session):
+        resume = resume.trace()
+    elif isinstance(resume, dict):
+        if resume.get("priors") is None:
+            # dbg.session_dict() leaves the priors out (a checkpoint need not carry them): the
+            # schema wants a block, and only the trace is read from it
+            resume = {**resume, "priors": priors_block(None, family)}
+        resume, _ = trace_from_dict(resume, source="resume")
+    if not isinstance(resume, Trace):
+        raise TypeError("resume must be None, a Trace, a session document (a dict: trace_to_dict, "
+                        f"dbg.session_dict()) or a Session of the run's earlier part, got {type(resume).__name__}")
+    if resume.family != family:
+        raise ValueError(f"resume: the earlier part is of family {resume.family!r}, this monitor's is {family!r}; "
+                         "pass the state of the same run (or family=...)")
+    return resume

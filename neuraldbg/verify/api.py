@@ -105,7 +105,7 @@ def _run_test(dbg: Any, snaps: Snapshots, replay: Callable, hyp: Any, trace: Any
     undo = iv.apply(ctx)
     try:
         # the original's settings, without its own add-ons (no snapshots, no autosave)
-        inner = type(dbg)(dbg.model, **dbg.settings.replace(snapshots=None, autosave=None).as_kwargs())
+        inner = type(dbg)(dbg.model, **dbg.settings.replace(snapshots=None, autosave=None, resume=None).as_kwargs())
         with inner:
             for t in range(start, end):
                 inner.step = t

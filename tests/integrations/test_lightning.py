@@ -203,3 +203,60 @@ def test_an_explicit_at_init_wins_over_the_resume(tmp_path):
     resume(path, LR, tmp_path, cb)
     assert cb.dbg.settings.at_init is True
     assert cb.dbg.coverage()["init_scale"].observed  # measured, as the user asked
+
+
+# ---- the callback's state rides in the checkpoint: a resumed fit is diagnosed as one run --------
+
+def monitored_checkpoint(tmp_path, pl=L):
+    """A checkpoint after STEPS healthy steps under the callback, which saves its state there."""
+    module = plain_sgd_class(pl)(LR)
+    cb = integration.NeuralDbgCallback()
+    trainer = trainer_for(STEPS, tmp_path, cb, pl=pl)
+    trainer.fit(module, torch.utils.data.DataLoader(batches(STEPS), batch_size=None))
+    path = tmp_path / "monitored.ckpt"
+    trainer.save_checkpoint(path)
+    return path
+
+
+def test_the_monitor_state_is_in_the_checkpoint(tmp_path):
+    path = monitored_checkpoint(tmp_path)
+    state = torch.load(path, weights_only=False)["callbacks"]["NeuralDbgCallback"]
+    assert state["version"] == 1 and state["started_at_init"] is True
+    doc = state["session"]
+    assert doc["steps"] == {"first": 0, "last": STEPS - 1} and doc["loss"]["n"] == STEPS
+    assert "init_scale_log10" in doc["signatures"]
+    import json
+    json.dumps(state)  # JSON-safe: no tensors
+
+
+def test_a_resumed_fit_is_diagnosed_over_the_whole_run(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="neuraldbg")
+    path = monitored_checkpoint(tmp_path)
+    caplog.clear()  # the first part alone (50 slow plain-SGD steps) may read as not learning yet
+    cb = integration.NeuralDbgCallback()
+    resume(path, LR, tmp_path, cb)
+    tr = cb.dbg.trace()
+    assert (tr.first_step, tr.last_step, tr.loss.n) == (0, 2 * STEPS - 1, 2 * STEPS)
+    assert tr.loss.history[0][0] == 0 and tr.loss.history[-1][0] == 2 * STEPS - 1
+    # the first part started at initialization: its scale stays the run's evidence
+    assert cb.dbg.coverage()["init_scale"].observed
+    assert cb.dbg.settings.at_init == f"resumed from a checkpoint at step {STEPS} ({path})"
+    assert cb.diagnosis.healthy and warnings_of(caplog) == []
+    assert cb.resume_state is None  # consumed: a later fit without a checkpoint starts afresh
+
+
+def test_a_resumed_fit_with_a_too_high_learning_rate_names_it(tmp_path):
+    path = monitored_checkpoint(tmp_path)
+    cb = integration.NeuralDbgCallback()
+    resume(path, LR * 1000, tmp_path, cb)
+    assert cb.dbg.trace().first_step == 0
+    assert top_cause(cb.dbg) == ("learning_rate", "too_high")
+    assert all(h.cause != "initialization" for h in cb.dbg.get_causal_hypotheses())
+
+
+def test_a_state_of_another_version_is_ignored_with_a_warning(tmp_path, caplog):
+    cb = integration.NeuralDbgCallback()
+    cb.load_state_dict({"version": 99, "session": {}})
+    assert cb.resume_state is None
+    assert any("not one this version reads" in r.getMessage() for r in warnings_of(caplog))
+    assert cb.state_dict() == {}  # no run yet: nothing to keep

@@ -181,3 +181,58 @@ def test_a_healthy_resumed_train_stays_quiet(tmp_path, caplog):
     assert post.is_healthy and post.p_healthy >= 0.5 and cb.diagnosis.healthy
     assert warnings_of(caplog) == []
     assert "resumed from a checkpoint" in cb.dbg.coverage()["init_scale"].reason
+
+
+# ---- the callback's state rides in trainer_state.json: a resumed train is diagnosed as one run ---
+
+def monitored_resume(lr_after, tmp_path, **resume_args):
+    """STEPS healthy steps under a callback to a checkpoint, then resumed for STEPS more under a
+    new callback; returns the resumed Trainer's callback and the checkpoint's folder."""
+    resumable(lr_after, tmp_path, STEPS, integration.NeuralDbgCallback()).train()
+    checkpoint = tmp_path / "out" / f"checkpoint-{STEPS}"
+    cb = integration.NeuralDbgCallback()
+    trainer = resumable(lr_after, tmp_path, 2 * STEPS, cb)
+    for name, value in resume_args.items():
+        setattr(trainer.args, name, value)
+    trainer.train(resume_from_checkpoint=str(checkpoint))
+    mine = [c for c in trainer.callback_handler.callbacks if type(c).__name__ == "NeuralDbgCallback"]
+    return mine[0], checkpoint
+
+
+def test_the_monitor_state_is_in_trainer_state_json(tmp_path):
+    import json
+
+    resumable(LR, tmp_path, STEPS, integration.NeuralDbgCallback()).train()
+    saved = json.loads((tmp_path / "out" / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())
+    state = saved["stateful_callbacks"]["NeuralDbgCallback"]
+    assert state["args"] == {"export": None}
+    resume_state = state["attributes"]["resume_state"]
+    assert resume_state["version"] == 1 and resume_state["started_at_init"] is True
+    doc = resume_state["session"]
+    assert doc["steps"] == {"first": 0, "last": STEPS - 1} and doc["loss"]["n"] == STEPS
+    assert "init_scale_log10" in doc["signatures"]
+
+
+def test_a_resumed_train_is_diagnosed_over_the_whole_run(tmp_path, caplog):
+    cb, _ = monitored_resume(LR, tmp_path)
+    tr = cb.dbg.trace()
+    assert (tr.first_step, tr.last_step, tr.loss.n) == (0, 2 * STEPS - 1, 2 * STEPS)
+    assert cb.dbg.coverage()["init_scale"].observed  # the first part started at initialization
+    assert cb.dbg.settings.at_init == f"resumed from a checkpoint at step {STEPS}"
+    assert cb.diagnosis.healthy and cb.dbg.posterior().is_healthy
+
+
+def test_a_resumed_train_with_a_too_high_learning_rate_names_it(tmp_path):
+    cb, _ = monitored_resume(LR * 1000, tmp_path)
+    assert cb.dbg.trace().first_step == 0 and cb.dbg.trace().loss.n == 2 * STEPS
+    assert top_cause(cb.dbg) == ("learning_rate", "too_high")
+    assert all(h.cause != "initialization" for h in cb.dbg.get_causal_hypotheses())
+
+
+def test_the_trainer_restoring_stateful_callbacks_itself_gives_the_same(tmp_path):
+    """With ``restore_callback_states_from_checkpoint`` the Trainer replaces the callback by
+    one built from the saved arguments, the state set as an attribute."""
+    cb, _ = monitored_resume(LR * 1000, tmp_path, restore_callback_states_from_checkpoint=True)
+    tr = cb.dbg.trace()
+    assert (tr.first_step, tr.loss.n) == (0, 2 * STEPS)
+    assert top_cause(cb.dbg) == ("learning_rate", "too_high")
