@@ -58,8 +58,9 @@ _GRAPH_NODES = 64
 
 def is_cross_entropy(loss: Any) -> bool | None:
     """Whether ``loss`` is a cross-entropy (its autograd graph reaches a negative
-    log-likelihood node within a few nodes): ``None`` when it cannot be told (a number, a
-    detached tensor). Reads the graph's nodes only, never a value: no device sync. Only a
+    log-likelihood node within a few nodes): ``False`` only when the whole graph was read without
+    one (an MSE, a TD loss); ``None`` when it cannot be told (a number, a detached tensor, a graph
+    too large to read to its end). Reads the graph's nodes only, never a value: no device sync. Only a
     cross-entropy is read against chance level ``ln K`` (``neuraldbg/causal/nodes/run.py``)."""
     fn = getattr(loss, "grad_fn", None) if isinstance(loss, torch.Tensor) else None
     if fn is None:
@@ -72,7 +73,9 @@ def is_cross_entropy(loss: Any) -> bool | None:
                 return True
             seen += 1
             if seen > _GRAPH_NODES:
-                return False
+                return None  # a large graph not walked to its end: a cross-entropy may lie beyond
             nxt.extend(f for f, _ in getattr(node, "next_functions", ()) if f is not None)
         frontier = nxt
-    return False
+        if not frontier:
+            return False  # the whole graph read, no negative log-likelihood in it
+    return None

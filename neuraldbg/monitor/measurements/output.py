@@ -35,8 +35,17 @@ class OutputSize(Measurement):
         self._ctx = ctx
 
     def summary(self) -> dict[Any, Any]:
-        """The output size, once a linear layer ran."""
-        if self._ctx is None:
+        """The output size, once a linear layer ran; none when the loss is known not to be a
+        cross-entropy: ``out_features`` sets chance level ``ln K``, which means nothing for a
+        regression head of ``K`` outputs (a DQN's action values), whose loss would read stalled."""
+        if self._ctx is None or self._ctx.loss_is_cross_entropy is False:
             return {}
         k = last_out_features(self._ctx.order, dict(self._ctx.modules))
         return {} if k is None or k < 1 else {OUT_FEATURES: k}
+
+    def gaps(self) -> dict[Any, str]:
+        """Why no output size: the loss is not a cross-entropy."""
+        if self._ctx is not None and self._ctx.loss_is_cross_entropy is False:
+            return {OUT_FEATURES: "the loss is not a cross-entropy (no negative log-likelihood in its autograd "
+                                  "graph): no chance level ln K"}
+        return {}
