@@ -102,8 +102,16 @@ class PartContext:
 
     @property
     def loss_is_cross_entropy(self) -> bool | None:
-        """Whether the first recorded loss is a cross-entropy (``None``: unknown, or none yet)."""
-        return self._dbg._loss_is_ce
+        """Whether the first recorded loss is a cross-entropy (``None``: unknown, or none yet): its
+        autograd graph when ``record_loss`` was given one, else the gradient the loss sent into the
+        model's output (``neuraldbg/monitor/measurements/losskind.py``)."""
+        kind = self._dbg._loss_is_ce
+        if kind is None:
+            from neuraldbg.monitor.measurements.losskind import LossKind
+
+            part = self._dbg.addon(LossKind)
+            kind = part.kind() if part is not None else None
+        return kind
 
     def measuring(self) -> bool:
         """Whether a training forward of a checked step is running now."""

@@ -49,6 +49,13 @@ def _is_numpy(x: Any) -> bool:
 
 #: autograd nodes of a negative log-likelihood: what ``F.cross_entropy`` and ``F.nll_loss`` end in
 _NLL_NODES = ("NllLossBackward", "NllLoss2DBackward", "NllLossNdBackward")
+#: autograd nodes of losses that are not a K-way cross-entropy (a regression, a binary or
+#: margin loss): met in the walk with no likelihood node, they settle the question at once, so a
+#: regression head on a deep network (a diffusion U-Net's noise MSE) is not read against ln K
+#: merely because its graph is too large to read to its end
+_OTHER_LOSS_NODES = ("MseLossBackward", "SmoothL1LossBackward", "HuberLossBackward", "SoftMarginLossBackward",
+                     "BinaryCrossEntropyBackward", "BinaryCrossEntropyWithLogitsBackward",
+                     "MultiLabelSoftMarginLossBackward", "MultiMarginLossBackward")
 #: how far up a loss's graph the likelihood node is looked for (a mean over micro-batches, a
 #: division by the accumulation count, a sum of two terms sit between it and the loss)
 _GRAPH_DEPTH = 6
@@ -58,23 +65,34 @@ _GRAPH_NODES = 64
 
 def is_cross_entropy(loss: Any) -> bool | None:
     """Whether ``loss`` is a cross-entropy (its autograd graph reaches a negative
-    log-likelihood node within a few nodes): ``False`` only when the whole graph was read without
-    one (an MSE, a TD loss); ``None`` when it cannot be told (a number, a detached tensor, a graph
+    log-likelihood node within a few nodes): ``False`` when the whole graph was read without
+    one, or when a regression, binary or margin loss node comes first (an MSE, a TD loss);
+    ``None`` when it cannot be told (a number, a detached tensor, a graph
     too large to read to its end). Reads the graph's nodes only, never a value: no device sync. Only a
     cross-entropy is read against chance level ``ln K`` (``neuraldbg/causal/nodes/run.py``)."""
     fn = getattr(loss, "grad_fn", None) if isinstance(loss, torch.Tensor) else None
     if fn is None:
         return None
-    frontier, seen = [fn], 0
+    frontier, seen, other = [fn], 0, False
     for _ in range(_GRAPH_DEPTH):
         nxt = []
         for node in frontier:
-            if type(node).__name__.startswith(_NLL_NODES):
+            name = type(node).__name__
+            if name.startswith(_NLL_NODES):
                 return True
+            other = other or name.startswith(_OTHER_LOSS_NODES)
             seen += 1
             if seen > _GRAPH_NODES:
-                return None  # a large graph not walked to its end: a cross-entropy may lie beyond
+                # a large graph not walked to its end: a cross-entropy may lie beyond, unless a
+                # loss of another kind was met on the way (the loss is that one, or a sum in which
+                # the likelihood term would have sat as near the top)
+                return False if other else None
             nxt.extend(f for f, _ in getattr(node, "next_functions", ()) if f is not None)
+        if other:
+            # the loss node of a regression sits at the top of the graph: the rest of this level is
+            # read (a sum of a cross-entropy and a regression term has both up here), the network
+            # below it is not
+            return False
         frontier = nxt
         if not frontier:
             return False  # the whole graph read, no negative log-likelihood in it

@@ -95,3 +95,24 @@ def test_is_cross_entropy_reads_the_graph_only():
     assert is_cross_entropy(F.mse_loss(x, torch.zeros(4, 3))) is False
     assert is_cross_entropy(F.cross_entropy(x, y).detach()) is None
     assert is_cross_entropy(1.0) is None
+
+
+def test_a_deep_regression_is_not_read_against_ln_k():
+    """Regression: a diffusion U-Net's noise MSE has a graph too large to read to its end, so the
+    loss kind read "unknown" and the U-Net's 16 output channels set a chance level ln 16 for an MSE
+    (a first loss of 0.96 read "0.35x chance", an lr x100 stall read "learning"). A regression
+    loss node at the top of the graph settles it."""
+    import torch.nn.functional as F
+
+    from neuraldbg.monitor.lossinput import is_cross_entropy
+
+    deep = nn.Sequential(*[m for _ in range(40) for m in (nn.Linear(4, 4), nn.Tanh())])
+    x = torch.randn(3, 4)
+    assert is_cross_entropy(F.mse_loss(deep(x), torch.zeros(3, 4))) is False
+    assert is_cross_entropy(F.smooth_l1_loss(deep(x), torch.zeros(3, 4))) is False
+    assert is_cross_entropy(F.binary_cross_entropy_with_logits(deep(x), torch.ones(3, 4))) is False
+    # a likelihood term beside it still makes a cross-entropy
+    both = F.cross_entropy(deep(x), torch.tensor([0, 1, 2])) + F.mse_loss(deep(x), torch.zeros(3, 4))
+    assert is_cross_entropy(both) is True
+    # a deep classifier whose likelihood sits at the top is told at once
+    assert is_cross_entropy(F.cross_entropy(deep(x), torch.tensor([0, 1, 2]))) is True

@@ -47,5 +47,6 @@ class OutputSize(Measurement):
         """Why no output size: the loss is not a cross-entropy."""
         if self._ctx is not None and self._ctx.loss_is_cross_entropy is False:
             return {OUT_FEATURES: "the loss is not a cross-entropy (no negative log-likelihood in its autograd "
-                                  "graph): no chance level ln K"}
+                                  "graph, or its gradient into the model's output rows does not sum to zero): "
+                                  "no chance level ln K"}
         return {}
