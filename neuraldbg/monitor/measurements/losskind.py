@@ -17,7 +17,7 @@ once, when the loss kind is first asked for. A model whose loss is computed insi
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -29,10 +29,13 @@ from neuraldbg.monitor.records import first_tensor
 #: checked steps whose output gradient is read (the loss function is the same every step: a few
 #: suffice, and the hook is gone after them)
 WINDOW = 4
-#: a row-sum share below this (or a few ulps of the gradient's dtype, whichever is larger) is a
-#: softmax cross-entropy's zero; a regression's share is about 1/sqrt(K) (0.03 even for K = 1000)
+#: a row-sum share below this (or 3 ulps of the gradient's dtype, whichever is larger) is a
+#: softmax cross-entropy's zero: measured 3e-8 in float32, up to 2e-3 in float16 and 3e-3 in
+#: bfloat16 (K = 2 .. 50,000); a regression's share is about 1/sqrt(K) (0.29 for K = 16, 0.036
+#: for K = 1000)
 ZERO_SHARE = 1e-3
-#: a share above this many times the cut is no cross-entropy (between the two: undecided)
+#: a share above this many times ZERO_SHARE, and twice the dtype's cut, is no cross-entropy
+#: (between the two: undecided, as for a regression over tens of thousands of outputs)
 CLEAR_FACTOR = 10.0
 
 
@@ -49,20 +52,33 @@ def row_sum_share(grad: torch.Tensor) -> torch.Tensor:
 def share_cut(dtype: torch.dtype) -> float:
     """The row-sum share under which a gradient of ``dtype`` sums to zero: rounding of each entry
     to the dtype leaves sums of order ``eps`` (bf16: 0.008), so the cut follows the dtype."""
-    return max(ZERO_SHARE, 4 * float(torch.finfo(dtype).eps)) if dtype.is_floating_point else ZERO_SHARE
+    return max(ZERO_SHARE, 3 * float(torch.finfo(dtype).eps)) if dtype.is_floating_point else ZERO_SHARE
 
 
 def kind_from_shares(shares: list[float], cut: float) -> bool | None:
     """``True`` (every finite share under ``cut``), ``False`` (every one above ``CLEAR_FACTOR *
-    cut``) or ``None`` (none finite, or mixed)."""
+    ZERO_SHARE`` and ``2 * cut``) or ``None`` (none finite, or mixed)."""
     vals = [s for s in shares if s == s]
     if not vals:
         return None
     if all(s < cut for s in vals):
         return True
-    if all(s > CLEAR_FACTOR * cut for s in vals):
+    if all(s > max(CLEAR_FACTOR * ZERO_SHARE, 2 * cut) for s in vals):
         return False
     return None
+
+
+def output_tensor(output: Any, loss: Any = None) -> torch.Tensor | None:
+    """The model's prediction among its outputs: the tensor itself, the first of a tuple, or of a
+    mapping (a ``transformers``/``diffusers`` output: ``logits`` first, never its ``loss``)."""
+    if isinstance(output, Mapping):
+        y = output.get("logits")
+        if isinstance(y, torch.Tensor):
+            return y
+        return next((v for k, v in output.items() if isinstance(v, torch.Tensor) and v is not loss
+                     and k != "loss"), None)
+    y = first_tensor(output)
+    return None if y is loss else y
 
 
 @register_measurement
@@ -100,9 +116,7 @@ class LossKind(Measurement):
                 self._hooked = WINDOW
                 self._drop()
                 return None
-        y = first_tensor(output)
-        if y is None or y is loss:
-            y = getattr(output, "logits", None)
+        y = output_tensor(output, loss)
         if isinstance(y, torch.Tensor) and y.is_floating_point() and y.requires_grad and y.numel() > 0:
             self._hooked += 1
             self._cut = share_cut(y.dtype)
