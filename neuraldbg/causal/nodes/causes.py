@@ -49,7 +49,8 @@ from __future__ import annotations
 
 import math
 
-from neuraldbg.causal.nodes.run import chance_loss
+from neuraldbg.causal.nodes.data import INPUT_RMS_MAX, input_scale_state
+from neuraldbg.causal.nodes.run import OPTIMIZER, chance_loss
 from neuraldbg.causal.structure import Reading, Table
 from neuraldbg.causal.view import TraceView
 from neuraldbg.trace import Signature
@@ -67,6 +68,8 @@ RETENTION_PARTIAL = 0.25
 RETENTION_LOST = 0.5
 #: a first loss below this share of chance level: the model already knows the task (trained)
 TRAINED_START = 0.5
+#: optimizer class-name parts of steps independent of the gradient's scale (scale_invariant)
+ADAPTIVE_NAMES = ("adam", "adagrad", "adadelta", "adafactor", "rmsprop", "lamb", "lion", "sophia", "shampoo")
 #: reference values below which retention is not read (the first one and a tail)
 MIN_REFERENCE_POINTS = 3
 
@@ -150,15 +153,33 @@ def retention_not_kept(state: object) -> bool:
     return state in ("partial", "lost")
 
 
+def scale_invariant(optimizer: str | None) -> bool:
+    """Whether an optimizer's step is (nearly) independent of the gradient's scale: the adaptive
+    ones that divide by a running gradient magnitude (Adam and its variants, Adagrad, RMSprop,
+    Adafactor, LAMB) or take its sign (Lion). By class name; ``False`` when unknown."""
+    name = (optimizer or "").lower()
+    return any(k in name for k in ADAPTIVE_NAMES)
+
+
 def step_size(view: TraceView) -> Reading | None:
-    """The step size the optimizer took, from the update/weight ratios of the first steps."""
+    """The step size the optimizer took, from the update/weight ratios of the first steps.
+
+    Large steps under an optimizer whose step follows the gradient's scale (SGD) are no reading
+    of the learning rate when the input is off-scale (``input_scale``): its gradients are
+    inflated by the input, at any rate."""
     sigs = view.signatures
     med, top = sigs.number(STEP_RATIO_MEDIAN), sigs.number(STEP_RATIO_MAX)
     state = step_size_state(med, top)
     if state is None:
         return view.unmeasured(STEP_RATIO_MEDIAN, "no optimizer step was measured")
-    return Reading(state, (), (f"update/weight ratio {med:.3g} per step (median layer"
-                               + (f", {top:.3g} in the fastest layer" if top is not None else "") + f"; {state})"))
+    note = (f"update/weight ratio {med:.3g} per step (median layer"
+            + (f", {top:.3g} in the fastest layer" if top is not None else "") + f"; {state})")
+    if state in ("large", "elevated") and input_scale_state(sigs.number(INPUT_RMS_MAX)) == "large" \
+            and not scale_invariant(sigs.value(OPTIMIZER)):
+        return Reading(None, (), note, reason=(f"the input is off-scale (feature RMS {sigs.number(INPUT_RMS_MAX):.3g}):"
+                                               " its gradients, and so these steps, are inflated at any learning "
+                                               "rate"))
+    return Reading(state, (), note)
 
 
 def init_scale(view: TraceView) -> Reading | None:
