@@ -12,11 +12,11 @@ Cut points (reasoning in ``docs/causal_model.md``):
   reference level, and the last ``LOSS_TAIL`` of the run sits between ``BACK`` and ``CEILING`` x
   the reference (shuffled labels return a classifier to ``ln K``, not above it).
 * ``INPUT_RMS_LARGE`` -- an input feature (a channel for a convolution) whose RMS at the entry
-  layer exceeds 30 on some checked step is off the unit scale a standard initialization assumes:
+  layer exceeds 10 on some checked step is off the unit scale a standard initialization assumes:
   healthy inputs of both suites (normalized images, tabular z-scores, RL observations, GNN
-  features, diffusion's noisy samples) sit at RMS 0.1..3, raw 0-255 pixels at ~100 and a
-  column in other units (x1000) far above; 30 is ten times the top of the healthy band and a
-  quarter of raw pixels' scale (``docs/causal_model.md``).
+  features, diffusion's noisy samples) sit at RMS 0.5..1.5, raw 0-255 pixels at 40..130 (40 on
+  a mostly dark image) and a column in other units (x1000) far above; 10 is near the geometric
+  middle of 1.5 and 60, ten times the unit scale (``docs/causal_model.md``).
 """
 from __future__ import annotations
 
@@ -45,11 +45,14 @@ TOKEN_INPUT_TYPES = frozenset({"Embedding", "EmbeddingBag"})
 
 TOKEN_WATCHED = Signature("token_watched", "integer", "window", "max",
                           "embeddings whose token-id reference is built (a token shift is then observable)", lo=0)
-INPUT_RMS_LARGE = 30.0
+INPUT_RMS_LARGE = 10.0
 
 INPUT_RMS_MAX = Signature("input_rms_max", "number", "run", "max",
                           "the largest per-feature RMS of the model input at its entry weight layers, over the "
                           "checked steps", lo=0)
+INPUT_RMS_FIRST = Signature("input_rms_first", "number", "window", "max",
+                            "the largest per-feature RMS of the model input at its entry weight layers on the first "
+                            "measured step", lo=0)
 INPUT_ABS_MAX = Signature("input_abs_max", "number", "run", "max",
                           "the largest |x| of the model input at its entry weight layers", lo=0)
 INPUT_FEATURES = Signature("input_features", "integer", "run", "max",
@@ -59,7 +62,8 @@ INPUT_OFF_SCALE = Signature("input_off_scale", "text", "run", "lead",
 INPUT_NORMALIZED_AT = Signature("input_normalized_at", "text", "entry", "lead",
                                 "the normalization layer that reads the model input first (its raw scale then "
                                 "reaches no weight)")
-SIGNATURES = (TOKEN_WATCHED, INPUT_RMS_MAX, INPUT_ABS_MAX, INPUT_FEATURES, INPUT_OFF_SCALE, INPUT_NORMALIZED_AT)
+SIGNATURES = (TOKEN_WATCHED, INPUT_RMS_MAX, INPUT_RMS_FIRST, INPUT_ABS_MAX, INPUT_FEATURES, INPUT_OFF_SCALE,
+              INPUT_NORMALIZED_AT)
 
 _INSTABILITY = {(GRADIENT, "exploding"), (OPTIMIZER, "spike"), (OPTIMIZER, "divergence")}
 
@@ -95,6 +99,11 @@ def data_shift(view: TraceView) -> Reading | None:
                        f"input distribution shift at {first.layer}, step {first.step}")
     if not view.watched:
         return view.unwatched("no layer was monitored")
+    first = view.signatures.number(INPUT_RMS_FIRST)
+    if input_scale_state(first) == "large":
+        # the warm-up reference was built on off-scale data: "no shift against it" says nothing
+        return Reading(None, reason=f"the input is off-scale from the first step (feature RMS {first:.3g}): a shift "
+                                    "against its own warm-up cannot show")
     token_input = min(trace.layers, key=lambda li: li.index).type in TOKEN_INPUT_TYPES
     if token_input and not (view.signatures.number(TOKEN_WATCHED) or 0) > 0:
         return Reading(None, reason="token ids are read by their histogram, whose reference was not built yet")

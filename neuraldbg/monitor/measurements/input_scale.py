@@ -13,7 +13,8 @@ that owns a weight matrix (Linear, Conv, RNN; it takes the raw scale into its ou
 measured; a normalization layer as entry makes the raw scale irrelevant (noted, not measured),
 and token ids are not floats. On checked steps its input's per-feature RMS (features: the
 last dimension, channels for a convolution) is reduced on the device and kept as a running
-elementwise maximum, also on the device; :meth:`InputScale.summary` reads it with one host
+elementwise maximum, also on the device (and the first measured step's apart: off-scale from
+the start, a warm-up comparison cannot see it); :meth:`InputScale.summary` reads it with one host
 transfer. Once the entry layers are known the hooks on the other candidates are removed.
 Pure functions of tensors first, then the measurement.
 """
@@ -27,7 +28,7 @@ import torch
 from torch import nn
 
 from neuraldbg.causal.nodes.data import (INPUT_ABS_MAX, INPUT_FEATURES, INPUT_NORMALIZED_AT, INPUT_OFF_SCALE,
-                                         INPUT_RMS_MAX, INPUT_RMS_LARGE)
+                                         INPUT_RMS_FIRST, INPUT_RMS_LARGE, INPUT_RMS_MAX)
 from neuraldbg.causal.nodes.depth import NORM_TYPES
 from neuraldbg.lifecycle import AddonContext, Measurement
 from neuraldbg.monitor.measurements import register_measurement
@@ -102,7 +103,7 @@ def _storage(t: torch.Tensor) -> int | None:
 class InputScale(Measurement):
     """Per-feature input RMS of the entry layers on checked steps (see the module docstring)."""
 
-    signatures = (INPUT_RMS_MAX, INPUT_ABS_MAX, INPUT_OFF_SCALE, INPUT_FEATURES, INPUT_NORMALIZED_AT)
+    signatures = (INPUT_RMS_MAX, INPUT_RMS_FIRST, INPUT_ABS_MAX, INPUT_OFF_SCALE, INPUT_FEATURES, INPUT_NORMALIZED_AT)
 
     def __init__(self) -> None:
         self._ctx: AddonContext | None = None
@@ -113,6 +114,7 @@ class InputScale(Measurement):
         self._int_in = False                     # an integer one (token ids) was seen
         self._rms: dict[str, torch.Tensor] = {}  # entry layer -> running per-feature max RMS
         self._abs: dict[str, torch.Tensor] = {}
+        self._first: dict[str, torch.Tensor] = {}  # entry layer -> per-feature RMS of its first measured step
         self._norm_entry: str | None = None
         self._known = False                      # the entry layers are known (candidates pruned)
         self._root_called = False                # the root's forward ran in this step
@@ -162,12 +164,15 @@ class InputScale(Measurement):
         if is_norm(module):
             self._norm_entry = self._norm_entry or name
             return None
-        with torch.no_grad():
-            d = feature_dim(module, x)
-            self._rms[name] = running_max(self._rms.get(name), feature_rms(x, d))
-            self._abs[name] = running_max(self._abs.get(name), feature_abs_max(x, d))
         if self._at is None:
             self._at = ctx.step
+        with torch.no_grad():
+            d = feature_dim(module, x)
+            rms = feature_rms(x, d)
+            self._rms[name] = running_max(self._rms.get(name), rms)
+            self._abs[name] = running_max(self._abs.get(name), feature_abs_max(x, d))
+            if ctx.step == self._at:  # the first measured step (all its micro-batches)
+                self._first[name] = running_max(self._first.get(name), rms)
         return None
 
     def step_closed(self, ctx: AddonContext, step: int, checked: bool) -> None:
@@ -198,15 +203,19 @@ class InputScale(Measurement):
         if not self._rms:
             return out
         names = sorted(self._rms)
+        firsts = sorted(self._first)
         dev = self._rms[names[0]].device
-        flat = torch.cat([self._rms[n].to(dev) for n in names] + [self._abs[n].to(dev) for n in names]).cpu().tolist()
+        flat = torch.cat([self._rms[n].to(dev) for n in names] + [self._abs[n].to(dev) for n in names]
+                         + [self._first[n].to(dev) for n in firsts]).cpu().tolist()
         sizes = [self._rms[n].numel() for n in names]
         n_feat = sum(sizes)
-        rms, absmax = flat[:n_feat], flat[n_feat:]
+        rms, absmax, first = flat[:n_feat], flat[n_feat:2 * n_feat], flat[2 * n_feat:]
         labels = [f"{n}[{i}]" for n, k in zip(names, sizes) for i in range(k)]
         out[INPUT_RMS_MAX] = max(rms)
         out[INPUT_ABS_MAX] = max(absmax)
         out[INPUT_FEATURES] = n_feat
+        if first:
+            out[INPUT_RMS_FIRST] = max(first)
         bad = off_scale(rms)
         if bad:
             shown = ", ".join(f"{labels[i]} rms {rms[i]:.3g}" for i in bad[:NAMED_FEATURES])
@@ -218,7 +227,7 @@ class InputScale(Measurement):
         """Measured from the first checked step an entry layer was seen on."""
         if self._at is None:
             return {}
-        return {INPUT_RMS_MAX: self._at, INPUT_ABS_MAX: self._at, INPUT_FEATURES: self._at}
+        return {INPUT_RMS_MAX: self._at, INPUT_RMS_FIRST: self._at, INPUT_ABS_MAX: self._at, INPUT_FEATURES: self._at}
 
     def gaps(self) -> dict[Any, str]:
         """Why nothing was measured: no float input, or no weight layer reads it directly."""

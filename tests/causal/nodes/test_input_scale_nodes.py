@@ -5,7 +5,7 @@ import pytest
 
 from neuraldbg.causal.evidence import extract
 from neuraldbg.causal.nodes import causes as G
-from neuraldbg.causal.nodes.data import INPUT_NORMALIZED_AT, INPUT_OFF_SCALE, INPUT_RMS_MAX
+from neuraldbg.causal.nodes.data import INPUT_NORMALIZED_AT, INPUT_OFF_SCALE, INPUT_RMS_FIRST, INPUT_RMS_MAX
 from neuraldbg.causal.nodes.run import OPTIMIZER
 from neuraldbg.trace import LayerInfo
 from tests.tiny import make_trace
@@ -44,3 +44,12 @@ def test_large_sgd_steps_on_an_off_scale_input_are_no_learning_rate_reading():
     # small steps are no inflation: they still read
     small = {G.STEP_RATIO_MEDIAN.name: 1e-5, G.STEP_RATIO_MAX.name: 2e-5}
     assert evidence({**small, OPTIMIZER.name: "SGD", INPUT_RMS_MAX.name: 200.0}).observed["step_size"] == "tiny"
+
+
+def test_no_shift_against_an_off_scale_warm_up_is_no_evidence():
+    """The bug this pins: inputs off-scale from step 0 read data_shift "absent" (no shift against
+    their own warm-up), which counted against data=shifted."""
+    ev = evidence({INPUT_RMS_MAX.name: 128.0, INPUT_RMS_FIRST.name: 128.0})
+    assert "data_shift" not in ev.observed and "first step" in ev.unobserved["data_shift"]
+    # off-scale only later: the warm-up was sane, so "no shift" is a reading
+    assert evidence({INPUT_RMS_MAX.name: 128.0, INPUT_RMS_FIRST.name: 1.0}).observed["data_shift"] == "absent"

@@ -11,8 +11,8 @@ from torch import nn
 
 from neuraldbg import NeuralDbg
 from neuraldbg.causal import api
-from neuraldbg.causal.nodes.data import (INPUT_FEATURES, INPUT_NORMALIZED_AT, INPUT_OFF_SCALE, INPUT_RMS_LARGE,
-                                         INPUT_RMS_MAX, input_scale_state)
+from neuraldbg.causal.nodes.data import (INPUT_FEATURES, INPUT_NORMALIZED_AT, INPUT_OFF_SCALE, INPUT_RMS_FIRST,
+                                         INPUT_RMS_LARGE, INPUT_RMS_MAX, input_scale_state)
 from neuraldbg.monitor.measurements.input_scale import (InputScale, feature_abs_max, feature_dim, feature_rms, is_norm,
                                                         off_scale, running_max)
 
@@ -137,6 +137,22 @@ def test_unchecked_steps_measure_nothing():
     dbg = _steps(model, 1000 * x, steps=3, every=2)
     # steps 0 and 2 checked, both at 1000
     assert dict(dbg.trace().signatures.items())[INPUT_RMS_MAX.name] == pytest.approx(1000.0)
+
+
+def test_the_first_step_is_kept_apart_from_the_running_maximum():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for s, scale in enumerate((1.0, 1.0, 500.0)):  # a column in other units from step 2 on
+            dbg.step = s
+            loss = model(scale * torch.ones(4, 2)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            dbg.record_loss(loss)
+            opt.step()
+    sig = dict(dbg.trace().signatures.items())
+    assert sig[INPUT_RMS_FIRST.name] == pytest.approx(1.0) and sig[INPUT_RMS_MAX.name] == pytest.approx(500.0)
 
 
 # ---- end to end: only the input's scale decides --------------------------------------------------
