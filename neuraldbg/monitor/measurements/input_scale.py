@@ -177,13 +177,18 @@ class InputScale(Measurement):
 
     def step_closed(self, ctx: AddonContext, step: int, checked: bool) -> None:
         """After the first measured forward that saw a float model input, keep only the hooks of
-        the entry layers found (the other candidates would cost a call per forward for nothing)."""
+        the entry layers found and, when the root's forward ran, the root's own (the others
+        would cost a call per forward for nothing)."""
         if checked and self._float_in and not self._known:
             self._known = True
             for name, h in list(self._cand.items()):
                 if name not in self._rms and name != self._norm_entry:
                     h.remove()
                     del self._cand[name]
+            if self._root_called:  # the loop calls the root: its children's inputs never count
+                for h in self._handles[1:]:
+                    h.remove()
+                self._handles = self._handles[:1]
         self._inputs = set()
         self._root_called = False
 

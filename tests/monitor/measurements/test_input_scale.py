@@ -129,6 +129,28 @@ def test_token_ids_give_no_reading_and_no_gap():
     assert "input_scale" not in api.evidence(t).observed
 
 
+def test_sub_networks_called_directly_are_the_entry():
+    """A loop that calls the root's children itself (a GAN, a Lightning module's model): their
+    inputs are the model's."""
+    class Pair(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.g = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 3))
+
+    model = Pair()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for s in range(2):
+            dbg.step = s
+            loss = model.g(100.0 * torch.ones(5, 3)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            dbg.record_loss(loss)
+            opt.step()
+    assert sorted(_part(dbg)._rms) == ["g.0"]
+    assert dict(dbg.trace().signatures.items())[INPUT_RMS_MAX.name] == pytest.approx(100.0)
+
+
 def test_unchecked_steps_measure_nothing():
     model = nn.Sequential(nn.Linear(3, 2))
     x = torch.ones(4, 3)
