@@ -131,11 +131,25 @@ class InputScale(Measurement):
             self._handles.append(child.register_forward_pre_hook(partial(self._on_model_input, False),
                                                                  with_kwargs=True))
         for name, mod in root.named_modules():
-            if name and (_owns_matrix(mod) or is_norm(mod)):
+            if _owns_matrix(mod) or is_norm(mod):
+                name = name or type(mod).__name__  # the root itself (a bare Linear)
                 self._cand[name] = mod.register_forward_pre_hook(
-                    lambda m, args, name=name: self._on_layer(name, m, args))
+                    lambda m, args, name=name: self._guarded(self._on_layer, name, m, args))
+
+    def _guarded(self, fn: Any, *args: Any) -> None:
+        """Run a hook's body; a failure is reported once and turns the measurement off, never
+        raised into the training loop."""
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001 - the monitor must not raise into training
+            self._ctx.report(("input_scale", type(e).__name__), f"input-scale statistics failed and are off: {e!r}")
+            self._remove()
+        return None
 
     def _on_model_input(self, is_root: bool, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._guarded(self._read_model_input, is_root, args, kwargs)
+
+    def _read_model_input(self, is_root: bool, args: tuple, kwargs: dict) -> None:
         ctx = self._ctx
         if torch.compiler.is_compiling() or ctx is None or not ctx.measuring():
             return None
@@ -158,7 +172,7 @@ class InputScale(Measurement):
         if not self._inputs or not args or torch.compiler.is_compiling() or not ctx.measuring():
             return None
         x = args[0]
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() == 0 or \
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() == 0 or x.is_sparse or \
                 _storage(x) not in self._inputs:
             return None
         if is_norm(module):
@@ -194,6 +208,9 @@ class InputScale(Measurement):
 
     def exit(self, ctx: AddonContext, exc: BaseException | None) -> None:
         """Remove every hook."""
+        self._remove()
+
+    def _remove(self) -> None:
         for h in self._handles + list(self._cand.values()):
             h.remove()
         self._handles, self._cand = [], {}

@@ -212,3 +212,22 @@ def test_the_healthy_twin_stays_quiet(seed):
     dbg = _train(1.0, seed)
     assert api.evidence(dbg.trace()).observed["input_scale"] == "normal"
     assert dbg.get_causal_hypotheses() == []
+
+
+def test_a_failing_statistic_never_raises_into_training(monkeypatch):
+    import neuraldbg.monitor.measurements.input_scale as M
+
+    def boom(x, dim):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(M, "feature_rms", boom)
+    model = nn.Sequential(nn.Linear(3, 2))
+    dbg = _steps(model, torch.ones(4, 3))  # trains through
+    part = _part(dbg)
+    assert not part._handles and not part._cand and not part._rms
+
+
+def test_a_bare_linear_root_is_its_own_entry():
+    dbg = _steps(nn.Linear(3, 2), 50.0 * torch.ones(4, 3))
+    assert sorted(_part(dbg)._rms) == ["Linear"]
+    assert dict(dbg.trace().signatures.items())[INPUT_RMS_MAX.name] == pytest.approx(50.0)
