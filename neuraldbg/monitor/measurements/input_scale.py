@@ -64,7 +64,7 @@ def running_max(prev: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
     """Elementwise maximum of ``prev`` and ``new`` over finite values (on the device, no sync):
     a non-finite value never enters (the NaN/Inf readers own those), and a layer whose feature
     count changed (a lazy module) starts over."""
-    new = torch.where(torch.isfinite(new), new, torch.zeros_like(new))
+    new = torch.nan_to_num(new, nan=0.0, posinf=0.0, neginf=0.0)  # one kernel
     if prev is None or prev.shape != new.shape:
         return new
     return torch.maximum(prev, new.to(prev.device))
