@@ -108,7 +108,7 @@ def build_tabular(b: Build) -> Task:
     def loss(bt):
         return F.cross_entropy(model(bt["x"]).float(), bt["labels"])
 
-    return Task(model=model, batch=batch, loss=loss, lr=1e-3, batch_size=64,
+    return Task(model=model, batch=batch, loss=loss, lr=3e-3, batch_size=64,
                 float_input="x", label_key="labels")
 
 
