@@ -137,7 +137,7 @@ def run(arch: str, injection: Any = "healthy", seed: int = 0, steps: int | None 
     fired: int | None = None
     with scoped(seed, threads):
         t_setup = time.perf_counter()
-        task = spec.build(Build(seed=seed, deep=fault.deep))
+        task = spec.build(Build(seed=seed, deep=fault.deep, init_range=fault.init_range))
         if fault.gain != 1.0:
             scale_weights(task.model, fault.gain)
         opt = adamw(task.model, task.lr * fault.lr_factor)

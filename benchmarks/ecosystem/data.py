@@ -117,3 +117,21 @@ class SineSequences:
         s = torch.sin(f * t + ph).sum(1) / 2 + 0.05 * torch.randn(n, self.seq_len + 1, generator=self.gen)
         s = s[..., None]
         return s[:, :-1].contiguous(), s[:, 1:].contiguous()
+
+
+class TabularRows:
+    """Tabular classification: z-scored numeric columns (as a ``StandardScaler`` leaves them),
+    the class given by a fixed random linear rule of the first ``informative`` ones plus noise."""
+
+    def __init__(self, seed: int, features: int = 12, informative: int = 6, n_classes: int = 3) -> None:
+        g = torch.Generator().manual_seed(9_000 + seed)
+        self.features = features
+        self.rule = torch.zeros(features, n_classes)
+        self.rule[:informative] = torch.randn(informative, n_classes, generator=g)
+        self.gen = torch.Generator().manual_seed(9_500 + seed)
+
+    def batch(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(rows (n, features), labels (n,))``."""
+        x = torch.randn(n, self.features, generator=self.gen)
+        logits = x @ self.rule + 0.3 * torch.randn(n, self.rule.shape[1], generator=self.gen)
+        return x, logits.argmax(1)

@@ -11,6 +11,8 @@ from benchmarks.ecosystem import data
 from benchmarks.ecosystem.training import Build, EcoArch, Task, strip_norms
 
 HIDDEN, LAYERS, HEADS, DEEP_LAYERS = 64, 2, 4, 16
+#: the configs' ``initializer_range`` default (the libraries' convention)
+INIT_RANGE = 0.02
 VOCAB, SEQ = 64, 32
 
 
@@ -73,7 +75,8 @@ def bert_model(b: Build):
 
     cfg = BertConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=_layers(b),
                      num_attention_heads=HEADS, intermediate_size=2 * HIDDEN,
-                     max_position_embeddings=SEQ, num_labels=4, pad_token_id=0)
+                     max_position_embeddings=SEQ, num_labels=4, pad_token_id=0,
+                     initializer_range=INIT_RANGE * b.init_range)
     return _finish(BertForSequenceClassification(cfg), b)
 
 
@@ -104,7 +107,7 @@ def build_vit(b: Build) -> Task:
 
     cfg = ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=HIDDEN,
                     num_hidden_layers=_layers(b), num_attention_heads=HEADS,
-                    intermediate_size=2 * HIDDEN, num_labels=4)
+                    intermediate_size=2 * HIDDEN, num_labels=4, initializer_range=INIT_RANGE * b.init_range)
     model = _finish(ViTForImageClassification(cfg), b)
     src = data.TemplateImages(b.seed, size=16)
 

@@ -17,6 +17,14 @@ Where each applies (see ``applies``):
   Token models take the input faults after their embedding (``inputs_embeds``: the
   non-finite values), or as a vocabulary remap (the shift; an LM's labels are remapped too,
   since they are the same token stream).
+- ``raw_pixels``: the image model whose training it harms (``diffusers_unet``: images in 0-255
+  units from step 0, the normalization forgotten). Not ``hf_vit``: its pre-norm blocks absorb the
+  scale and it learns as well as healthy (a fault without effect is no failure).
+- ``config_range_x100``, ``config_range_x0.01``: the HF models whose config sets their init
+  (``hf_bert``, ``hf_vit``): ``initializer_range`` 2.0 / 0.0002 in the config, the weights
+  then drawn from it by the library (where ``weights_*`` rescale them after construction).
+  Not ``hf_llama``: its config refuses a range above 1.
+- ``feature_units``: the tabular model (``torch_tabular``): one column x1000 from the onset on.
 - ``nan_target``: archs with a float regression target (diffusion's noise, the LSTM).
 - ``labels_shuffled``: archs with labels (classes, node blocks, next tokens: an LM's label
   rows are permuted across the batch).
@@ -54,6 +62,7 @@ class Fault:
     onset_frac: float | None = 0.0  # None: healthy, 0: config fault, else a data fault
     lr_factor: float = 1.0
     gain: float = 1.0
+    init_range: float = 1.0  # factor on the config's initializer_range (HF models)
     deep: bool = False
     batch: Callable[[Batch, Task, torch.Generator], Batch] | None = None
     one_shot: bool = False  # the batch fault hits one batch only
@@ -109,6 +118,30 @@ def _rescale(bt: Batch, task: Task, gen: torch.Generator) -> Batch:
     return bt
 
 
+#: the archs whose float input is an image (``raw_pixels``) and the tabular ones (``feature_units``)
+_IMAGES = ("diffusers_unet",)
+_TABULAR = ("torch_tabular",)
+#: HF archs whose config's ``initializer_range`` sets their init (``config_range_*``)
+_CONFIG_RANGE = ("hf_bert", "hf_vit")
+#: the column ``feature_units`` rescales (an informative one of the tabular rule)
+UNITS_FEATURE = 2
+
+
+def _raw_pixels(bt: Batch, task: Task, gen: torch.Generator) -> Batch:
+    # the inverse of the usual ``(p / 255 - 0.5) / 0.5``: the images as 0-255 pixel values
+    bt = dict(bt)
+    bt[task.float_input] = (bt[task.float_input] + 1.0) * 127.5
+    return bt
+
+
+def _feature_units(bt: Batch, task: Task, gen: torch.Generator) -> Batch:
+    bt = dict(bt)
+    x = bt[task.float_input].clone()
+    x[..., UNITS_FEATURE] = rescale(x[..., UNITS_FEATURE])
+    bt[task.float_input] = x
+    return bt
+
+
 def _input(a: EcoArch) -> str | None:
     return a.input_layer
 
@@ -148,6 +181,12 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
     Fault("weights_x1e-3", ("initialization", "too_small"),
           "every weight matrix (dim >= 2, embeddings too) x1e-3 after construction",
           layer_of=_init, gain=1e-3, symptom="stuck"),
+    Fault("config_range_x100", ("initialization", "too_large"),
+          "the model config's initializer_range x100 (2.0 instead of 0.02)",
+          applies=lambda a: a.name in _CONFIG_RANGE, layer_of=_init, init_range=100.0, symptom="diverges"),
+    Fault("config_range_x0.01", ("initialization", "too_small"),
+          "the model config's initializer_range x0.01 (0.0002 instead of 0.02)",
+          applies=lambda a: a.name in _CONFIG_RANGE, layer_of=_init, init_range=0.01, symptom="worse"),
     Fault("nan_input", ("data", "corrupted"),
           "one batch with NaN in a quarter of the float inputs (after the embedding for tokens)",
           layer_of=_input, onset_frac=ONSET_FRAC, batch=_nonfinite(float("nan")), one_shot=True,
@@ -166,6 +205,14 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
     Fault("inputs_rescaled", ("data", "shifted"),
           "from the onset on, float inputs x1000 (token models: a fixed vocabulary remap)",
           layer_of=_input, onset_frac=ONSET_FRAC, batch=_rescale, symptom="jump"),
+    Fault("raw_pixels", ("data", "shifted"),
+          "images fed as 0-255 pixel values from step 0 (their normalization forgotten)",
+          applies=lambda a: a.name in _IMAGES, layer_of=_input, onset_frac=0.0, batch=_raw_pixels,
+          symptom="worse"),
+    Fault("feature_units", ("data", "shifted"),
+          f"from the onset on, one tabular column (index {UNITS_FEATURE}) in other units (x1000)",
+          applies=lambda a: a.name in _TABULAR, layer_of=_input, onset_frac=ONSET_FRAC, batch=_feature_units,
+          symptom="jump"),
     Fault("deep_unnormalized", ("architecture", "unstable"),
           "a 16-block variant with every normalization layer replaced by nn.Identity",
           applies=lambda a: a.deep_layer is not None, layer_of=lambda a: a.deep_layer, deep=True,

@@ -1,10 +1,13 @@
-"""Plain PyTorch, written the way its users write it: ``nn.TransformerEncoder`` and ``nn.LSTM``.
+"""Plain PyTorch, written the way its users write it: an MLP, ``nn.TransformerEncoder``, ``nn.LSTM``.
 
-The encoder classifier is the tutorial shape: token + learned position embeddings, a stack
-of ``nn.TransformerEncoderLayer`` (post-norm, dropout 0.1, batch_first), mean pooling and a
-linear head. Its forward also takes ``inputs_embeds``, like the HF models, so input faults
-can enter after the embedding. The LSTM forecasts the next value of a noisy two-tone sine.
-Deep variants: 16 encoder layers with both LayerNorms removed; a 12-layer stacked LSTM.
+The tabular classifier is the MLP of a tabular tutorial (``Linear -> ReLU -> Dropout`` twice,
+a linear head) on z-scored numeric columns. The encoder classifier is the tutorial shape:
+token + learned position embeddings, a stack of ``nn.TransformerEncoderLayer`` (post-norm,
+dropout 0.1, batch_first), mean pooling and a linear head. Its forward also takes
+``inputs_embeds``, like the HF models, so input faults can enter after the embedding. The LSTM
+forecasts the next value of a noisy two-tone sine. Deep variants: 16 encoder layers with both
+LayerNorms removed; a 12-layer stacked LSTM; none for the tabular MLP (no normalization to
+remove).
 """
 from __future__ import annotations
 
@@ -84,6 +87,31 @@ def build_lstm(b: Build) -> Task:
                 float_input="x", float_target="y")
 
 
+TABULAR_FEATURES = 12
+
+
+def tabular_model() -> nn.Module:
+    """``nn.Sequential`` MLP for tabular rows (hidden 64, dropout 0.1)."""
+    return nn.Sequential(nn.Linear(TABULAR_FEATURES, 64), nn.ReLU(), nn.Dropout(0.1),
+                         nn.Linear(64, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 3))
+
+
+def build_tabular(b: Build) -> Task:
+    """3-class MLP on 12 z-scored columns (cross-entropy)."""
+    model = tabular_model()
+    src = data.TabularRows(b.seed, features=TABULAR_FEATURES)
+
+    def batch(n):
+        x, y = src.batch(n)
+        return {"x": x, "labels": y}
+
+    def loss(bt):
+        return F.cross_entropy(model(bt["x"]).float(), bt["labels"])
+
+    return Task(model=model, batch=batch, loss=loss, lr=3e-3, batch_size=64,
+                float_input="x", label_key="labels")
+
+
 ARCHS = [
     EcoArch("torch_encoder", "transformer", "torch", build_encoder,
             "nn.TransformerEncoder (4 post-norm layers, d=32), 4-class keyword sequences",
@@ -93,4 +121,7 @@ ARCHS = [
             "nn.LSTM (2 layers, hidden 32), next-value forecasting of noisy two-tone sines",
             inputs="float", target="float", input_layer="lstm", init_layer="lstm",
             deep_layer="lstm"),
+    EcoArch("torch_tabular", "mlp", "torch", build_tabular,
+            "nn.Sequential MLP (2 hidden layers of 64, dropout 0.1), 3-class z-scored tabular rows",
+            inputs="float", target="labels", input_layer="0", init_layer="0"),
 ]

@@ -30,6 +30,7 @@ class Build:
 
     seed: int
     deep: bool = False  # the deep_unnormalized variant
+    init_range: float = 1.0  # factor on a config's initializer_range (the config_range_* faults)
 
 
 @dataclass

@@ -34,12 +34,12 @@ FAILURE_VARIABLES: dict[str, tuple[str, ...]] = {
     "dead_neurons": ("dead",),
     "saturated_activations": ("saturation",),
     "optimizer_instability": ("loss_pattern", "loss_start", "progress"),
-    "data_anomaly": ("data_nan", "data_shift", "target_fault"),
+    "data_anomaly": ("data_nan", "data_shift", "target_fault", "input_scale"),
 }
 #: Normal state of each failure variable (the failure "did not occur").
 _NORMAL = {"vanishing": "absent", "exploding": "absent", "dead": "absent", "saturation": "absent",
            "loss_pattern": "decreasing", "loss_start": "normal", "data_nan": "absent", "data_shift": "absent",
-           "target_fault": "absent", "progress": "learning"}
+           "target_fault": "absent", "progress": "learning", "input_scale": "normal"}
 _VAR_FAILURE = {v: ft for ft, vs in FAILURE_VARIABLES.items() for v in vs}
 
 #: Failure type of a hypothesis with no event-backed evidence (e.g. a flat loss only).
@@ -56,7 +56,7 @@ DEFAULT_FAILURE: dict[tuple[str, str], str] = {
 }
 #: Variables whose reading is itself the finding when no event backs a hypothesis (its note is
 #: the sentence), most telling first
-_NOTE_VARS = ("stale_grads", "orphan_params", "detached", "loss_input", "retention", "progress")
+_NOTE_VARS = ("stale_grads", "orphan_params", "detached", "loss_input", "input_scale", "retention", "progress")
 #: The layer a loop bug names, read from its signature
 _LAYER_SIGNATURE = {("training_loop", "params_not_in_optimizer"): ORPHAN_LAYER,
                     ("training_loop", "graph_detached"): DETACHED_LAYER}
@@ -136,6 +136,8 @@ def build(trace: Trace, post: Posterior, net: CompiledNetwork, ev: Evidence, cau
         text = (f"training is not learning (p={p:.2f}): {ev.notes[noted]}, and no modeled cause explains it.")
     elif noted is not None:
         text = f"{cause} is {state.replace('_', ' ')} (p={p:.2f}): {ev.notes[noted]}."
+    if first is not None and noted is None and "input_scale" in sup and ev.observed.get("input_scale") == "large":
+        text += f" {ev.notes['input_scale'][0].upper()}{ev.notes['input_scale'][1:]}."  # names the features
     text += unobserved_note(net, ev, cause, state)
     return Hypothesis(cause=cause, state=state, probability=p, failure_type=failure_type,
                       origin_layer=origin, onset_step=onset, evidence=tuple(events),

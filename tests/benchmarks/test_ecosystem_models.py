@@ -5,10 +5,12 @@ import math
 import os
 
 import pytest
+import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may reach the hub
 
 eco = pytest.importorskip("benchmarks.ecosystem")
+from benchmarks.ecosystem.training import Build  # noqa: E402
 
 STEPS = 40
 
@@ -97,3 +99,31 @@ def test_loop_faults_do_what_they_say_and_are_named(injection, state):
     top = r.dbg.get_causal_hypotheses()[0]
     assert (top.cause, top.state) == ("training_loop", state)
     assert r.dbg.posterior().p_healthy < 0.5
+
+
+def test_a_tabular_column_in_other_units_from_the_onset():
+    r = eco.run("torch_tabular", "feature_units", seed=0, steps=STEPS, threads=1)
+    healthy = eco.run("torch_tabular", "healthy", seed=0, steps=STEPS, threads=1)
+    assert r.truth == ("data", "shifted") and r.layer == "0" and r.onset == round(0.4 * STEPS)
+    assert r.losses[:r.onset] == healthy.losses[:r.onset]  # same rows before the onset
+    assert _mean(r.losses[r.onset:]) > _mean(healthy.losses[r.onset:]) + 0.5
+    task = eco.get_arch("torch_tabular").build(Build(seed=0))
+    bt = task.batch(8)
+    out = eco.FAULTS["feature_units"].batch(bt, task, None)["x"]
+    cols = [i for i in range(out.shape[1]) if not torch.equal(out[:, i], bt["x"][:, i])]
+    assert cols == [2] and torch.allclose(out[:, 2], 1000 * bt["x"][:, 2])
+
+
+def test_raw_pixels_from_step_0_harm_the_diffusion_model():
+    pytest.importorskip("diffusers")
+    r = eco.run("diffusers_unet", "raw_pixels", seed=0, steps=24, threads=1)  # the gap shows from ~20 steps
+    healthy = eco.run("diffusers_unet", "healthy", seed=0, steps=24, threads=1)
+    assert r.truth == ("data", "shifted") and r.onset == 0 and r.layer == "conv_in"
+    assert _mean(r.losses[-10:]) > 2 * _mean(healthy.losses[-10:])
+
+
+def test_a_config_initializer_range_x100_blows_the_first_loss_up():
+    pytest.importorskip("transformers")
+    r = eco.run("hf_bert", "config_range_x100", seed=0, steps=2, threads=1)
+    assert r.truth == ("initialization", "too_large")
+    assert r.losses[0] > 3 * math.log(4)  # a 4-way classifier at init starts near ln 4

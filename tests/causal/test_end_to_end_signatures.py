@@ -169,3 +169,37 @@ def test_labels_shuffled_return_the_loss_to_chance(seed):
 def test_labels_shuffled_after_a_healthy_start_are_corrupted_data(seed):
     dbg = run(seed, fault="shuffle")
     assert top(dbg) == ("data", "corrupted"), dbg.get_causal_hypotheses()
+
+
+@pytest.mark.parametrize("factor,state", [(100.0, "too_large"), (0.01, "too_small")])
+def test_a_faulty_config_initializer_range_reads_initialization(factor, state):
+    """Only the initial scale decides: a BERT whose config's initializer_range is x100 or x0.01
+    (the library draws its weights from it) reads initialization, naming the config; the
+    convention's 0.02 reads normal."""
+    transformers = pytest.importorskip("transformers")
+    notes = {}
+    for f in (1.0, factor):
+        torch.manual_seed(0)
+        cfg = transformers.BertConfig(vocab_size=32, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                      intermediate_size=64, max_position_embeddings=16, num_labels=4,
+                                      initializer_range=0.02 * f)
+        model = transformers.BertForSequenceClassification(cfg)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        g = torch.Generator().manual_seed(0)
+        with NeuralDbg(model, optimizer=opt) as dbg:
+            for step in range(20):
+                dbg.step = step
+                ids = torch.randint(0, 32, (8, 12), generator=g)
+                loss = model(input_ids=ids, labels=ids[:, 1] % 4).loss
+                opt.zero_grad()
+                loss.backward()
+                dbg.record_loss(loss)
+                opt.step()
+        from neuraldbg.causal import api
+
+        ev = api.evidence(dbg.trace())
+        notes[f] = (ev.observed["init_scale"], ev.notes["init_scale"], dbg.get_causal_hypotheses())
+    assert notes[1.0][0] == "normal" and "initializer_range" not in notes[1.0][1]
+    read, note, hyps = notes[factor]
+    assert read == ("large" if factor > 1 else "small") and f"initializer_range {0.02 * factor:.3g}" in note
+    assert (hyps[0].cause, hyps[0].state) == ("initialization", state)

@@ -33,6 +33,11 @@ Cut points (reasoning in ``docs/causal_model.md``):
 * ``ADAPTER_LARGE`` -- LoRA zero-initializes ``B`` so fine-tuning starts at the pre-trained
   function (ratio exactly 0, as in every healthy adapter of both suites); an adapter that starts
   at half the norm of the layer it adapts has replaced a large part of it at step 0.
+* ``CONFIG_RANGE_FACTOR`` -- a model config's ``initializer_range`` is a reference scale only
+  within a factor 10 of the libraries' convention 0.02 (0.002..0.2; the transformer families
+  ship 0.01..0.05): the config may hold the fault itself (an ``initializer_range`` x100), and
+  trusting it would call the weights it made normal. Outside the band it is recorded
+  (``config_init_range``) and named in ``init_scale``'s note.
 * ``TRAINED_START`` -- weights off every reference read as a faulty initialization only when the
   model is at initialization: with the first loss below half of chance level ``ln K`` the model
   already knows its task (pre-trained, loaded or resumed: an untrained classifier starts near
@@ -49,7 +54,8 @@ from __future__ import annotations
 
 import math
 
-from neuraldbg.causal.nodes.run import chance_loss
+from neuraldbg.causal.nodes.data import INPUT_RMS_MAX, input_scale_state
+from neuraldbg.causal.nodes.run import OPTIMIZER, chance_loss
 from neuraldbg.causal.structure import Reading, Table
 from neuraldbg.causal.view import TraceView
 from neuraldbg.trace import Signature
@@ -63,10 +69,15 @@ STEP_ELEVATED = 0.05
 STEP_LARGE = 0.2
 INIT_LOG10_CUT = 0.5
 ADAPTER_LARGE = 0.5
+CONFIG_RANGE_FACTOR = 10.0
+#: the std of transformer libraries' ``initializer_range`` convention (GPT-2, BERT, ViT, Llama)
+CONFIG_RANGE_CONVENTION = 0.02
 RETENTION_PARTIAL = 0.25
 RETENTION_LOST = 0.5
 #: a first loss below this share of chance level: the model already knows the task (trained)
 TRAINED_START = 0.5
+#: optimizer class-name parts of steps independent of the gradient's scale (scale_invariant)
+ADAPTIVE_NAMES = ("adam", "adagrad", "adadelta", "adafactor", "rmsprop", "lamb", "lion", "sophia", "shampoo")
 #: reference values below which retention is not read (the first one and a tail)
 MIN_REFERENCE_POINTS = 3
 
@@ -80,6 +91,9 @@ STEP_RATIO_STEPS = Signature("step_ratio_steps", "integer", "window", "min", "op
 INIT_SCALE_LOG10 = Signature("init_scale_log10", "number", "entry", "median",
                              "median over weight matrices of log10(rms / nearest reference scale) on entry")
 INIT_SCALE_N = Signature("init_scale_n", "integer", "entry", "lead", "weight matrices measured on entry", lo=0)
+CONFIG_INIT_RANGE = Signature("config_init_range", "number", "entry", "lead",
+                              "a model config's initializer_range far outside the libraries' convention (0.02): "
+                              "not trusted as a reference scale", lo=0)
 ADAPTER_RATIO = Signature("adapter_ratio", "number", "entry", "median",
                           "median over low-rank adapters of ||B A|| / ||W|| on entry", lo=0)
 ADAPTER_N = Signature("adapter_n", "integer", "entry", "lead", "low-rank adapters found", lo=0)
@@ -91,7 +105,7 @@ REFERENCE_N = Signature("reference_n", "integer", "run", "min", "reference losse
 REFERENCE_NONFINITE = Signature("reference_nonfinite", "integer", "run", "max",
                                 "reference losses that were not finite", lo=0)
 
-SIGNATURES = (STEP_RATIO_MEDIAN, STEP_RATIO_MAX, STEP_RATIO_STEPS, INIT_SCALE_LOG10, INIT_SCALE_N,
+SIGNATURES = (STEP_RATIO_MEDIAN, STEP_RATIO_MAX, STEP_RATIO_STEPS, INIT_SCALE_LOG10, INIT_SCALE_N, CONFIG_INIT_RANGE,
               ADAPTER_RATIO, ADAPTER_N, REFERENCE_FIRST, REFERENCE_TAIL, REFERENCE_N, REFERENCE_NONFINITE)
 
 
@@ -150,15 +164,33 @@ def retention_not_kept(state: object) -> bool:
     return state in ("partial", "lost")
 
 
+def scale_invariant(optimizer: str | None) -> bool:
+    """Whether an optimizer's step is (nearly) independent of the gradient's scale: the adaptive
+    ones that divide by a running gradient magnitude (Adam and its variants, Adagrad, RMSprop,
+    Adafactor, LAMB) or take its sign (Lion). By class name; ``False`` when unknown."""
+    name = (optimizer or "").lower()
+    return any(k in name for k in ADAPTIVE_NAMES)
+
+
 def step_size(view: TraceView) -> Reading | None:
-    """The step size the optimizer took, from the update/weight ratios of the first steps."""
+    """The step size the optimizer took, from the update/weight ratios of the first steps.
+
+    Large steps under an optimizer whose step follows the gradient's scale (SGD) are no reading
+    of the learning rate when the input is off-scale (``input_scale``): its gradients are
+    inflated by the input, at any rate."""
     sigs = view.signatures
     med, top = sigs.number(STEP_RATIO_MEDIAN), sigs.number(STEP_RATIO_MAX)
     state = step_size_state(med, top)
     if state is None:
         return view.unmeasured(STEP_RATIO_MEDIAN, "no optimizer step was measured")
-    return Reading(state, (), (f"update/weight ratio {med:.3g} per step (median layer"
-                               + (f", {top:.3g} in the fastest layer" if top is not None else "") + f"; {state})"))
+    note = (f"update/weight ratio {med:.3g} per step (median layer"
+            + (f", {top:.3g} in the fastest layer" if top is not None else "") + f"; {state})")
+    if state in ("large", "elevated") and input_scale_state(sigs.number(INPUT_RMS_MAX)) == "large" \
+            and not scale_invariant(sigs.value(OPTIMIZER)):
+        return Reading(None, (), note, reason=(f"the input is off-scale (feature RMS {sigs.number(INPUT_RMS_MAX):.3g}):"
+                                               " its gradients, and so these steps, are inflated at any learning "
+                                               "rate"))
+    return Reading(state, (), note)
 
 
 def init_scale(view: TraceView) -> Reading | None:
@@ -173,6 +205,10 @@ def init_scale(view: TraceView) -> Reading | None:
     if state is None:
         return view.unmeasured(INIT_SCALE_LOG10, "no weight matrix was measured on entry")
     note = f"weights {10 ** f:.3g}x their reference scale at the first step ({state})"
+    cfg = sigs.number(CONFIG_INIT_RANGE)
+    if cfg is not None:  # the config made them: it is named, not trusted as a reference
+        note += (f"; the config's initializer_range {cfg:.3g} is {cfg / CONFIG_RANGE_CONVENTION:.3g}x the "
+                 f"libraries' convention {CONFIG_RANGE_CONVENTION:g}")
     first, chance = _first_loss(view), chance_loss(sigs)
     if state != "normal" and first is not None and chance is not None and first < TRAINED_START * chance:
         # weights off every reference while the model already does far better than chance: they

@@ -11,6 +11,12 @@ Cut points (reasoning in ``docs/causal_model.md``):
 * ``LEARNED``/``BACK``/``CEILING`` -- "back to chance": the loss had fallen below ``LEARNED`` x its
   reference level, and the last ``LOSS_TAIL`` of the run sits between ``BACK`` and ``CEILING`` x
   the reference (shuffled labels return a classifier to ``ln K``, not above it).
+* ``INPUT_RMS_LARGE`` -- an input feature (a channel for a convolution) whose RMS at the entry
+  layer exceeds 10 on some checked step is off the unit scale a standard initialization assumes:
+  healthy inputs of both suites (normalized images, tabular z-scores, RL observations, GNN
+  features, diffusion's noisy samples) sit at RMS 0.5..1.5, raw 0-255 pixels at 40..130 (40 on
+  a mostly dark image) and a column in other units (x1000) far above; 10 is near the geometric
+  middle of 1.5 and 60, ten times the unit scale (``docs/causal_model.md``).
 """
 from __future__ import annotations
 
@@ -39,7 +45,25 @@ TOKEN_INPUT_TYPES = frozenset({"Embedding", "EmbeddingBag"})
 
 TOKEN_WATCHED = Signature("token_watched", "integer", "window", "max",
                           "embeddings whose token-id reference is built (a token shift is then observable)", lo=0)
-SIGNATURES = (TOKEN_WATCHED,)
+INPUT_RMS_LARGE = 10.0
+
+INPUT_RMS_MAX = Signature("input_rms_max", "number", "run", "max",
+                          "the largest per-feature RMS of the model input at its entry weight layers, over the "
+                          "checked steps", lo=0)
+INPUT_RMS_FIRST = Signature("input_rms_first", "number", "window", "max",
+                            "the largest per-feature RMS of the model input at its entry weight layers on the first "
+                            "measured step", lo=0)
+INPUT_ABS_MAX = Signature("input_abs_max", "number", "run", "max",
+                          "the largest |x| of the model input at its entry weight layers", lo=0)
+INPUT_FEATURES = Signature("input_features", "integer", "run", "max",
+                           "input features (channels) measured at the entry weight layers", lo=0)
+INPUT_OFF_SCALE = Signature("input_off_scale", "text", "run", "lead",
+                            "the input features whose RMS is above the cut, named layer[index], largest first")
+INPUT_NORMALIZED_AT = Signature("input_normalized_at", "text", "entry", "lead",
+                                "the normalization layer that reads the model input first (its raw scale then "
+                                "reaches no weight)")
+SIGNATURES = (TOKEN_WATCHED, INPUT_RMS_MAX, INPUT_RMS_FIRST, INPUT_ABS_MAX, INPUT_FEATURES, INPUT_OFF_SCALE,
+              INPUT_NORMALIZED_AT)
 
 _INSTABILITY = {(GRADIENT, "exploding"), (OPTIMIZER, "spike"), (OPTIMIZER, "divergence")}
 
@@ -75,10 +99,43 @@ def data_shift(view: TraceView) -> Reading | None:
                        f"input distribution shift at {first.layer}, step {first.step}")
     if not view.watched:
         return view.unwatched("no layer was monitored")
+    first = view.signatures.number(INPUT_RMS_FIRST)
+    if input_scale_state(first) == "large":
+        # the warm-up reference was built on off-scale data: "no shift against it" says nothing
+        return Reading(None, reason=f"the input is off-scale from the first step (feature RMS {first:.3g}): a shift "
+                                    "against its own warm-up cannot show")
     token_input = min(trace.layers, key=lambda li: li.index).type in TOKEN_INPUT_TYPES
     if token_input and not (view.signatures.number(TOKEN_WATCHED) or 0) > 0:
         return Reading(None, reason="token ids are read by their histogram, whose reference was not built yet")
     return Reading("absent")
+
+
+def input_scale_state(rms_max: float | None) -> str | None:
+    """'normal' or 'large' from the largest per-feature input RMS (``None``: not measured). Pure."""
+    if rms_max is None:
+        return None
+    return "large" if rms_max > INPUT_RMS_LARGE else "normal"
+
+
+def input_scale(view: TraceView) -> Reading | None:
+    """The input's absolute scale at its entry weight layers against the unit scale that
+    standard initializations assume: off-scale from the first step on is a shift no warm-up
+    comparison sees."""
+    sigs = view.signatures
+    rms = sigs.number(INPUT_RMS_MAX)
+    state = input_scale_state(rms)
+    if state is None:
+        norm = sigs.value(INPUT_NORMALIZED_AT)
+        if norm:
+            return Reading(None, reason=f"the model input is normalized first ({norm}): its raw scale reaches "
+                                        "no weight")
+        return view.unmeasured(INPUT_RMS_MAX, "no float input reached a weight layer directly (token ids and "
+                                              "other integer inputs have no scale)")
+    if state == "normal":
+        return Reading("normal", (), f"input features at RMS {rms:.3g} at most (unit scale expected)")
+    bad = sigs.value(INPUT_OFF_SCALE) or f"largest feature RMS {rms:.3g}"
+    return Reading("large", (), f"the input is off the unit scale its first layer's initialization assumes "
+                                f"(RMS above {INPUT_RMS_LARGE:g}: {bad})")
 
 
 def back_to_chance(values: Sequence[float], reference: float) -> bool:
@@ -162,6 +219,20 @@ NODES = (
         why="Distribution shift of a layer's input against its own warm-up reference: at the "
             "input boundary (the data changed) or only inside (the weights changed).",
         extract=data_shift,
+    ),
+    NoisyMax(
+        "input_scale", ("normal", "large"),
+        leak={"large": 0.004},
+        effects={
+            "data=shifted": {"large": 0.5},
+            "data=corrupted": {"large": 0.02},
+        },
+        why="The model input's per-feature RMS at its entry weight layers (Linear, Conv, RNN) "
+            "against the unit scale standard initializations assume: an absolute reading, so "
+            "inputs off-scale from the first step on (raw pixels, unscaled columns) show, which "
+            "the warm-up comparisons of data_shift cannot see. Unobserved when a normalization "
+            "layer reads the input first, or the input is token ids.",
+        extract=input_scale,
     ),
     Table(
         "target_fault", ("absent", "nonfinite_loss_first", "back_to_chance"), parents=("data", "instability"),

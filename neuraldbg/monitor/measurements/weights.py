@@ -15,7 +15,9 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from neuraldbg.causal.nodes.causes import ADAPTER_N, ADAPTER_RATIO, INIT_SCALE_LOG10, INIT_SCALE_N, TRAINED_START
+from neuraldbg.causal.nodes.causes import (ADAPTER_N, ADAPTER_RATIO, CONFIG_INIT_RANGE, CONFIG_RANGE_CONVENTION,
+                                           CONFIG_RANGE_FACTOR,
+                                           INIT_SCALE_LOG10, INIT_SCALE_N, TRAINED_START)
 from neuraldbg.causal.nodes.run import STARTED_TRAINED
 from neuraldbg.lifecycle import AddonContext, Measurement
 from neuraldbg.monitor.measurements import register_measurement
@@ -24,7 +26,7 @@ from neuraldbg.monitor.settings import not_at_init
 from neuraldbg.monitor.stats import is_plain, local, local_numel, measurable
 
 #: the std of transformer libraries' ``initializer_range`` convention (GPT-2, BERT, ViT, Llama)
-TRANSFORMER_STD = 0.02
+TRANSFORMER_STD = CONFIG_RANGE_CONVENTION
 
 
 def fans(shape: torch.Size) -> tuple[int, int]:
@@ -55,13 +57,23 @@ def nearest_log10_factor(rms: float, refs: Iterable[float]) -> float:
     return min(logs, key=abs)
 
 
-def config_init_range(root: nn.Module) -> float | None:
-    """``initializer_range`` of a model config (Hugging Face style), if any module has one."""
+def config_init_range(root: nn.Module, trusted: bool = True) -> float | None:
+    """``initializer_range`` of a model config (Hugging Face style), if any module has one.
+
+    With ``trusted`` (the default) only a value within :data:`CONFIG_RANGE_FACTOR` of the
+    libraries' convention :data:`TRANSFORMER_STD` (:func:`range_trusted`): the config may itself
+    hold the fault, and a reference read from it would call the faulty weights normal."""
     for m in root.modules():
         v = getattr(getattr(m, "config", None), "initializer_range", None)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
-            return float(v)
+            return float(v) if not trusted or range_trusted(float(v)) else None
     return None
+
+
+def range_trusted(value: float) -> bool:
+    """Whether a config's ``initializer_range`` is within :data:`CONFIG_RANGE_FACTOR` of the
+    libraries' convention :data:`TRANSFORMER_STD` (0.002..0.2). Pure."""
+    return value > 0 and abs(math.log10(value / TRANSFORMER_STD)) <= math.log10(CONFIG_RANGE_FACTOR)
 
 
 Census = list[tuple[str, nn.Module, torch.Tensor, float]]
@@ -249,11 +261,12 @@ class InitScale(_EntryWeights):
     """``init_scale_log10`` (the median over weight matrices of ``log10(rms / nearest reference)``)
     and ``init_scale_n``, from the census taken on entry."""
 
-    signatures = (INIT_SCALE_LOG10, INIT_SCALE_N, STARTED_TRAINED)
+    signatures = (INIT_SCALE_LOG10, INIT_SCALE_N, STARTED_TRAINED, CONFIG_INIT_RANGE)
 
     def __init__(self) -> None:
         super().__init__()
         self._adapters: bool | None = None
+        self._untrusted: float | None = None  # a config initializer_range far outside the convention
 
     def reason(self) -> str | None:
         """Why the run did not start at initialization; the first-loss sign is read here, once
@@ -274,7 +287,10 @@ class InitScale(_EntryWeights):
         return self._adapters
 
     def measure(self, ctx: AddonContext) -> tuple[float | None, int]:
-        """The median factor over the census' weight matrices."""
+        """The median factor over the census' weight matrices (against a config's
+        ``initializer_range`` only when it is within the libraries' convention)."""
+        raw = config_init_range(ctx.root, trusted=False)
+        self._untrusted = raw if raw is not None and not range_trusted(raw) else None
         return init_scale(ctx.modules, config_init_range(ctx.root), census=ctx.census)
 
     def summary(self) -> dict[Any, Any]:
@@ -283,6 +299,8 @@ class InitScale(_EntryWeights):
         why = self.reason()
         f, n = self.value
         out: dict[Any, Any] = {} if f is None else {INIT_SCALE_LOG10: f, INIT_SCALE_N: n}
+        if self._untrusted is not None:
+            out[CONFIG_INIT_RANGE] = self._untrusted
         if why:
             out[STARTED_TRAINED] = why
         return out

@@ -62,6 +62,28 @@ def test_config_init_range_reads_a_library_config():
     assert G.config_init_range(m) == 0.01
 
 
+@pytest.mark.parametrize("value,trusted", [(0.02, True), (0.002, True), (0.2, True), (0.05, True),
+                                           (0.0019, False), (0.21, False), (2.0, False), (0.0002, False)])
+def test_a_config_range_is_trusted_only_near_the_convention(value, trusted):
+    assert G.range_trusted(value) is trusted
+    m = nn.Linear(2, 2)
+    m.config = type("Cfg", (), {"initializer_range": value})()
+    assert G.config_init_range(m) == (value if trusted else None)
+    assert G.config_init_range(m, trusted=False) == value
+
+
+def test_weights_drawn_from_a_faulty_config_range_read_off_scale():
+    """The bug this pins: weights drawn at std 2.0 from a config's initializer_range 2.0 read as
+    normal, because the config's value was trusted as their reference scale."""
+    torch.manual_seed(0)
+    lin = nn.Linear(256, 256)
+    nn.init.normal_(lin.weight, 0.0, 2.0)
+    assert G.init_scale([("fc", lin)], init_range=2.0)[0] == pytest.approx(0.0, abs=0.02)  # trusted: "normal"
+    lin.config = type("Cfg", (), {"initializer_range": 2.0})()
+    f, _ = G.init_scale([("fc", lin)], G.config_init_range(lin))
+    assert f > 1.0  # 2.0 against Xavier's 0.088, the nearest reference left
+
+
 class _LoRA(nn.Module):
     """PEFT's layout: the frozen layer and the adapter pair one level down."""
 
