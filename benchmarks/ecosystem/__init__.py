@@ -143,7 +143,7 @@ def run(arch: str, injection: Any = "healthy", seed: int = 0, steps: int | None 
         opt = adamw(task.model, task.lr * fault.lr_factor)
         if fault.setup is not None:
             fault.setup(task, inj.layer, opt)
-        sched = (task.scheduler or torch_scheduler)(opt, warmup_steps(n), n)
+        sched = (task.scheduler or torch_scheduler)(opt, warmup_steps(n) if fault.warmup else 0, n)
         params = [p for p in task.model.parameters() if p.requires_grad]
         micro = max(1, task.batch_size // accum)  # same examples per optimizer step
         fault_gen = torch.Generator().manual_seed(11_000 + seed)
