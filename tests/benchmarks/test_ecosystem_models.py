@@ -97,3 +97,18 @@ def test_loop_faults_do_what_they_say_and_are_named(injection, state):
     top = r.dbg.get_causal_hypotheses()[0]
     assert (top.cause, top.state) == ("training_loop", state)
     assert r.dbg.posterior().p_healthy < 0.5
+
+
+def test_no_warmup_starts_at_the_peak_rate_where_its_twin_ramps_up():
+    from neuraldbg.causal.nodes.run import LR_PEAK
+    from neuraldbg.causal.nodes.schedule import LR_FIRST
+
+    assert [i.name for i in eco.injections("torch_encoder_deep")] == ["healthy", "lr_x100", "lr_div1e4",
+                                                                      "no_warmup"]
+    assert "lr_div100" in [i.name for i in eco.injections("hf_bert")]
+    first = {}
+    for inj in ("healthy", "no_warmup"):
+        r = eco.run("torch_encoder_deep", inj, seed=0, steps=20, monitor=True, threads=1)
+        sigs = r.dbg.trace().signatures
+        first[inj] = sigs.number(LR_FIRST) / sigs.number(LR_PEAK)
+    assert first == {"healthy": 0.5, "no_warmup": 1.0}  # a 2-step ramp on 20 steps; none
