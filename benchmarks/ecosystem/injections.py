@@ -13,7 +13,10 @@ target faults (``nan_target``, ``labels_shuffled``), which enter at the loss, no
 
 Where each applies (see ``applies``):
 
-- ``lr_*``, ``weights_*``, ``nan_input``, ``inf_input``, ``inputs_rescaled``: every arch.
+- ``lr_x100``, ``lr_div1e4``, ``weights_*``, ``nan_input``, ``inf_input``, ``inputs_rescaled``:
+  every arch.
+- ``lr_div100`` (root ``learning_rate``, too low): BERT, whose loss stays flat at chance over
+  the run at 1/100 of its rate while its weights still move (a "small" step size, not "tiny").
   Token models take the input faults after their embedding (``inputs_embeds``: the
   non-finite values), or as a vocabulary remap (the shift; an LM's labels are remapped too,
   since they are the same token stream).
