@@ -78,11 +78,10 @@ def warmup(view: TraceView) -> Reading | None:
     first, peak = sigs.number(LR_FIRST), sigs.number(LR_PEAK)
     n = int(sigs.number(LR_CHECKED) or 0)
     state = warmup_state(first, peak, n)
-    if state is None:
-        if first is None:
-            return view.unmeasured(LR_FIRST, "no learning rate was read")
-        return Reading(None, reason="too few checked optimizer steps to read the schedule")
-    assert first is not None and peak is not None
+    if first is None:
+        return view.unmeasured(LR_FIRST, "no learning rate was read")
+    if state is None or peak is None:
+        return Reading(None, reason="too few checked optimizer steps (or a zero peak) to read the schedule")
     ramp = sigs.number(LR_WARMUP_STEPS)
     how = (f"rises to its peak {peak:.3g} over {int(ramp)} steps" if state == "present" and ramp
            else f"starts at {first:.3g}, {first / peak:.0%} of its peak {peak:.3g}")
