@@ -99,9 +99,12 @@ def _fault(spec: EcoArch, injection: Any) -> Fault:
 
 
 def suite_runs(quick: bool = False) -> list[tuple[str, str, int]]:
-    """The ``(arch, injection, seed)`` runs of the full suite or of its quick subset."""
+    """The ``(arch, injection, seed)`` runs of the full suite or of its quick subset (archs with
+    ``in_suite=False`` left out: they run only when named with explicit seeds)."""
     out: list[tuple[str, str, int]] = []
     for arch in _ARCHS:
+        if not _ARCHS[arch].in_suite:
+            continue
         names = [f.name for f in faults_of(_ARCHS[arch])]
         healthy = QUICK_HEALTHY_SEEDS if quick else HEALTHY_SEEDS
         out += [(arch, "healthy", s) for s in healthy]
@@ -143,7 +146,7 @@ def run(arch: str, injection: Any = "healthy", seed: int = 0, steps: int | None 
         opt = adamw(task.model, task.lr * fault.lr_factor)
         if fault.setup is not None:
             fault.setup(task, inj.layer, opt)
-        sched = (task.scheduler or torch_scheduler)(opt, warmup_steps(n), n)
+        sched = (task.scheduler or torch_scheduler)(opt, warmup_steps(n) if fault.warmup else 0, n)
         params = [p for p in task.model.parameters() if p.requires_grad]
         micro = max(1, task.batch_size // accum)  # same examples per optimizer step
         fault_gen = torch.Generator().manual_seed(11_000 + seed)

@@ -13,7 +13,10 @@ target faults (``nan_target``, ``labels_shuffled``), which enter at the loss, no
 
 Where each applies (see ``applies``):
 
-- ``lr_*``, ``weights_*``, ``nan_input``, ``inf_input``, ``inputs_rescaled``: every arch.
+- ``lr_x100``, ``lr_div1e4``, ``weights_*``, ``nan_input``, ``inf_input``, ``inputs_rescaled``:
+  every arch.
+- ``lr_div100`` (root ``learning_rate``, too low): BERT, whose loss stays flat at chance over
+  the run at 1/100 of its rate while its weights still move (a "small" step size, not "tiny").
   Token models take the input faults after their embedding (``inputs_embeds``: the
   non-finite values), or as a vocabulary remap (the shift; an LM's labels are remapped too,
   since they are the same token stream).
@@ -29,6 +32,9 @@ Where each applies (see ``applies``):
 - ``labels_shuffled``: archs with labels (classes, node blocks, next tokens: an LM's label
   rows are permuted across the batch).
 - ``deep_unnormalized``: archs that have a deep variant (not the LoRA fine-tunes).
+- ``no_warmup`` (root ``learning_rate``, too high from the first step): archs with a deep
+  post-norm stack (``torch_encoder_deep``, 12 blocks), whose healthy run is its warm-up twin.
+  That arch runs only ``healthy``, ``no_warmup`` and the two learning-rate faults (its list).
 - the loop bugs (root ``training_loop``): ``zero_grad_missing`` on every arch;
   ``optimizer_misses_layer`` (the optimizer built without the first weight layer) on every
   arch that trains its own weights (not the LoRA fine-tunes, whose base is frozen);
@@ -69,6 +75,7 @@ class Fault:
     #: a loop bug: edits the built task and its optimizer (``setup(task, layer, optimizer)``)
     setup: Callable[[Task, str | None, torch.optim.Optimizer], None] | None = None
     skip_zero_grad: bool = False  # a loop bug: optimizer.zero_grad() is never called
+    warmup: bool = True  # False: the schedule starts at its peak rate (no warm-up)
 
 
 # ----------------------------------------------------------------------------------------
@@ -166,6 +173,11 @@ def _softmax(task: Task, layer: str | None, opt: torch.optim.Optimizer) -> None:
 #: archs whose first weight layer is tied to an output head: detaching its output still leaves
 #: the weight a gradient through the head, so the fault would not be the one named
 _TIED = ("hf_gpt2", "hf_llama")
+#: archs whose loss stays flat over the run at 1/100 of the rate (the step size reads "small",
+#: not "tiny": the weights move, too slowly to learn)
+_FLAT_AT_DIV100 = ("hf_bert",)
+#: archs with a deep post-norm stack (12 blocks or more), where a missing warm-up is a fault
+_DEEP_POSTNORM = ("torch_encoder_deep",)
 _CE_ON_OUTPUT = ("pyg_gcn", "pyg_gat", "pyg_sage", "torch_encoder")
 
 
@@ -175,6 +187,9 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           lr_factor=100.0, symptom="diverges"),
     Fault("lr_div1e4", ("learning_rate", "too_low"), "base learning rate / 10^4, schedule kept",
           lr_factor=1e-4, symptom="stuck"),
+    Fault("lr_div100", ("learning_rate", "too_low"),
+          "base learning rate / 100, schedule kept: a BERT whose loss stays flat in the run's budget",
+          applies=lambda a: a.name in _FLAT_AT_DIV100, lr_factor=1e-2, symptom="stuck"),
     Fault("weights_x100", ("initialization", "too_large"),
           "every weight matrix (dim >= 2, embeddings too) x100 after construction",
           layer_of=_init, gain=100.0, symptom="diverges"),
@@ -217,6 +232,9 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
           "a 16-block variant with every normalization layer replaced by nn.Identity",
           applies=lambda a: a.deep_layer is not None, layer_of=lambda a: a.deep_layer, deep=True,
           symptom="stuck"),
+    Fault("no_warmup", ("learning_rate", "too_high"),
+          "the schedule without its warm-up: cosine decay from the peak rate at step 0",
+          applies=lambda a: a.name in _DEEP_POSTNORM, warmup=False, symptom="stuck"),
     Fault("zero_grad_missing", ("training_loop", "stale_gradients"),
           "optimizer.zero_grad() is never called: the gradients of every step add up",
           skip_zero_grad=True),
@@ -234,8 +252,9 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
 
 
 def faults_of(arch: EcoArch) -> list[Fault]:
-    """The faults that apply to ``arch`` (``healthy`` first)."""
-    return [f for f in FAULTS.values() if f.applies(arch)]
+    """The faults that apply to ``arch`` (``healthy`` first), among its own list if it has one."""
+    return [f for f in FAULTS.values() if f.applies(arch)
+            and (arch.injections is None or f.name in arch.injections)]
 
 
 def bind(fault: Fault, arch: EcoArch, steps: int) -> Injection:

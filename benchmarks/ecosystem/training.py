@@ -76,6 +76,12 @@ class EcoArch:
     init_layer: str | None = None  # first weight layer (init faults)
     deep_layer: str | None = None  # first module of the deep variant, None: no deep variant
     notes: str = ""
+    #: the only faults run on this arch (``None``: every fault that applies); an expensive arch
+    #: built for one mechanism runs that fault, its healthy twin and a few controls
+    injections: tuple[str, ...] | None = None
+    #: whether the suite's own run lists (full and quick) include this arch; an arch outside
+    #: them runs only when named with explicit seeds (``--arch A --seeds N --healthy-seeds M``)
+    in_suite: bool = True
 
 
 # ----------------------------------------------------------------------------------------

@@ -56,6 +56,10 @@ def suggested_fix(trace: Trace, ev: Evidence, cause: str, state: str, layer: str
         if layer is None and step is None and retention_not_kept(ev.observed.get("retention")):
             return (f"Lower the learning rate about 10x{_lr_text(trace)} (or train fewer steps): the updates "
                     "overwrite what the model knew while the training loss still falls.")
+        if ev.observed.get("warmup") == "absent":
+            return (f"Add warm-up: ramp the learning rate linearly from 0 to its peak{_lr_text(trace)} over the "
+                    "first 5-10% of the steps (e.g. transformers' get_linear_schedule_with_warmup); a deep "
+                    "post-norm stack cannot take its peak rate from the first step.")
         return (f"Lower the learning rate about 10x{_lr_text(trace)} or add warm-up and gradient "
                 f"clipping; the blow-up starts{when} in {at}.")
     if (cause, state) == ("learning_rate", "too_low"):

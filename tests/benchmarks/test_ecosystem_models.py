@@ -36,6 +36,9 @@ def test_interface_mirrors_the_zoo():
     runs = eco.suite_runs(quick=False)
     assert sum(1 for _, n, _ in runs if n == "healthy") >= 100
     assert len(eco.suite_runs(quick=True)) < len(runs) / 2
+    # an arch outside the suite's lists still runs when named with explicit seeds
+    assert not any(a == "torch_encoder_deep" for a, _, _ in runs + eco.suite_runs(quick=True))
+    assert "torch_encoder_deep" in eco.architectures()
 
 
 @pytest.mark.parametrize("arch,library", [("torch_lstm", "torch"), ("pyg_gcn", "torch_geometric"),
@@ -127,3 +130,17 @@ def test_a_config_initializer_range_x100_blows_the_first_loss_up():
     r = eco.run("hf_bert", "config_range_x100", seed=0, steps=2, threads=1)
     assert r.truth == ("initialization", "too_large")
     assert r.losses[0] > 3 * math.log(4)  # a 4-way classifier at init starts near ln 4
+
+def test_no_warmup_starts_at_the_peak_rate_where_its_twin_ramps_up():
+    from neuraldbg.causal.nodes.run import LR_PEAK
+    from neuraldbg.causal.nodes.schedule import LR_FIRST
+
+    assert [i.name for i in eco.injections("torch_encoder_deep")] == ["healthy", "lr_x100", "lr_div1e4",
+                                                                      "no_warmup"]
+    assert "lr_div100" in [i.name for i in eco.injections("hf_bert")]
+    first = {}
+    for inj in ("healthy", "no_warmup"):
+        r = eco.run("torch_encoder_deep", inj, seed=0, steps=20, monitor=True, threads=1)
+        sigs = r.dbg.trace().signatures
+        first[inj] = sigs.number(LR_FIRST) / sigs.number(LR_PEAK)
+    assert first == {"healthy": 0.5, "no_warmup": 1.0}  # a 2-step ramp on 20 steps; none

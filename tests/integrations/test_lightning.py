@@ -260,3 +260,23 @@ def test_a_state_of_another_version_is_ignored_with_a_warning(tmp_path, caplog):
     assert cb.resume_state is None
     assert any("not one this version reads" in r.getMessage() for r in warnings_of(caplog))
     assert cb.state_dict() == {}  # no run yet: nothing to keep
+
+
+def test_a_step_scheduler_with_warm_up_is_read():
+    from neuraldbg.causal.nodes.run import LR_PEAK
+    from neuraldbg.causal.nodes.schedule import LR_FIRST, LR_WARMUP_STEPS
+
+    class Warm(module_class(L)):
+        def configure_optimizers(self):
+            opt = optimizer(self.parameters(), self.lr)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 5))
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    cb = integration.NeuralDbgCallback()
+    trainer = L.Trainer(max_steps=STEPS, callbacks=[cb], logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
+                        num_sanity_val_steps=0)
+    trainer.fit(Warm(LR), torch.utils.data.DataLoader(batches(STEPS), batch_size=None))
+    sigs = cb.dbg.trace().signatures
+    assert sigs.number(LR_FIRST) == pytest.approx(LR / 5) and sigs.number(LR_WARMUP_STEPS) == 4
+    assert sigs.number(LR_PEAK) == pytest.approx(LR)

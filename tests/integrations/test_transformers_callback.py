@@ -236,3 +236,20 @@ def test_the_trainer_restoring_stateful_callbacks_itself_gives_the_same(tmp_path
     tr = cb.dbg.trace()
     assert (tr.first_step, tr.loss.n) == (0, 2 * STEPS)
     assert top_cause(cb.dbg) == ("learning_rate", "too_high")
+
+
+def test_the_trainers_own_warm_up_schedule_is_read(tmp_path):
+    from neuraldbg.causal.nodes.run import LR_PEAK
+    from neuraldbg.causal.nodes.schedule import LR_FIRST, LR_LAST, LR_WARMUP_STEPS
+
+    cb = integration.NeuralDbgCallback()
+    model = Tiny()
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=STEPS, per_device_train_batch_size=32, use_cpu=True,
+        report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0, learning_rate=1e-3,
+        warmup_steps=10, lr_scheduler_type="linear")
+    transformers.Trainer(model=model, args=args, train_dataset=samples(STEPS), callbacks=[cb]).train()
+    sigs = cb.dbg.trace().signatures
+    # transformers' linear warm-up starts at 0 and peaks at step 10, then decays linearly to 0
+    assert sigs.number(LR_FIRST) == 0.0 and sigs.number(LR_WARMUP_STEPS) == 10
+    assert sigs.number(LR_PEAK) == pytest.approx(1e-3) and sigs.number(LR_LAST) < 1e-4
