@@ -101,8 +101,13 @@ class ModuleHooks:
         """
         _guard_compiled_hooks()
         self.handles.append(self.root.register_forward_pre_hook(self._on_input, with_kwargs=True))
+        # each child's first monitored layer, in one pass (a lookup per child would be quadratic
+        # in the depth of a flat Sequential)
+        firsts: dict[str, str] = {}
+        for n, _ in self.modules:
+            firsts.setdefault(n.split(".", 1)[0], n)
         for cname, child in self.root.named_children() if entries else ():
-            first = next((n for n, _ in self.modules if n == cname or n.startswith(cname + ".")), None)
+            first = firsts.get(cname)
             if first is not None:  # the entry's records name its first monitored layer
                 hook = partial(self._on_entry, self.tables.slot(INPUT, self.tables.layer(first)))
                 h = child.register_forward_pre_hook(hook, with_kwargs=True)

@@ -56,6 +56,8 @@ class HookSwitch:
     def set(self, on: bool, group: Any = ALWAYS) -> None:
         """Put the hooks of group ``None`` and of ``group`` (every group: :data:`EVERY_GROUP`) in
         (``on``), or every hook out; only the groups that change state are touched."""
+        if not on and not self.live:
+            return  # an unchecked step after an unchecked step: the common case, kept cheapest
         every = on and group == EVERY_GROUP
         want = frozenset((ALWAYS, *self.groups)) if every else frozenset((ALWAYS, group)) if on else frozenset()
         self.every_group = every
