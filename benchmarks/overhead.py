@@ -305,7 +305,7 @@ def entry_times(layer_counts: list[int], *, device: str, steps: int = 32) -> lis
             again_s = time.perf_counter() - t0
         finally:
             dbg.__exit__(None, None, None)
-        modules = len(dbg._hooks.modules)
+        modules = len(dbg.layers())
         rows.append({"layers": n, "modules": modules, "enter_s": enter_s, "enter_gc_s": in_gc.s,
                      "posterior_s": first_s, "hypotheses_s": again_s})
         print(f"{n:5d} layers ({modules} modules): __enter__ {enter_s * 1e3:7.1f} ms (of which the garbage "
