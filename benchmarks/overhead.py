@@ -1,8 +1,10 @@
 """Step-time overhead of the monitor: alternating blocks of steps, side by side in one process.
 
-    python -m benchmarks.overhead [--model mlp transformer] [--optimizer sgd adam] [--every 1 10]
-                                  [--pairs 15] [--block 20] [--device cpu|cuda] [--threads 1]
+    python -m benchmarks.overhead [--model mlp transformer deep100 deep500 bert] [--optimizer sgd adam]
+                                  [--every 1 10] [--pairs 15] [--block 20] [--device cpu|cuda] [--threads 1]
+                                  [--arm monitor anomaly nullhooks] [--give-optimizer] [--clock wall|thread]
     python -m benchmarks.overhead --scaling [--layers 500 1000 2000]
+    python -m benchmarks.overhead --entry [--layers 100 250 500 1000]
 
 Each configuration builds the same model twice from one seed: one trains bare, the other
 under ``NeuralDbg``. After a warm-up both train in alternating blocks of ``--block`` steps
@@ -11,12 +13,20 @@ the ratio of the two blocks' times is one paired sample; the table gives the med
 interquartile range of ``--pairs`` samples. ``--give-optimizer`` hands the optimizer to the
 monitor (its step-size probe copies the weights on the first 16 checked steps).
 
+``--arm`` picks what the second copy trains under: ``monitor`` (``NeuralDbg``), or a reference:
+``anomaly`` (``torch.autograd.set_detect_anomaly(True)`` during its blocks) or ``nullhooks``
+(a forward hook on every monitored module and a post-accumulate-grad hook on every parameter,
+all returning at once: the floor of any per-module hook). The references ignore ``--every``.
+
 ``--scaling`` times a model of many small parallel layers (no events fire on it) and reports
 the monitor's cost per monitored layer per checked step and the hook-registration time.
+``--entry`` times ``NeuralDbg.__enter__`` and the first and a repeated query (``posterior()``,
+``get_causal_hypotheses()``) on deep stacks of growing depth after 32 checked steps.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 from typing import Callable
@@ -89,23 +99,86 @@ def make_parallel(n: int, seed: int, device: str) -> tuple[nn.Module, Callable]:
     return model, lambda m, i: F.mse_loss(m(xs[i % 4]), ys[i % 4])
 
 
-MODELS = {"mlp": make_mlp, "transformer": make_transformer}
+class DeepStack(nn.Sequential):
+    """``n`` blocks of ``Linear(32, 32)`` + ReLU and a 10-class head: many small modules, so
+    that per-module work (Python in hooks, kernel launches) dominates the step."""
+
+    def __init__(self, n: int, width: int = 32, classes: int = 10) -> None:
+        blocks: list[nn.Module] = []
+        for _ in range(n):
+            blocks += [nn.Linear(width, width), nn.ReLU()]
+        super().__init__(*blocks, nn.Linear(width, classes))
+
+
+def make_deep(n: int, seed: int, device: str) -> tuple[nn.Module, Callable]:
+    """:class:`DeepStack` of ``n`` blocks on batches of 32."""
+    torch.manual_seed(seed)
+    model = DeepStack(n).to(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    xs = torch.randn(8, 32, 32, generator=gen, device=device)
+    ys = torch.randint(0, 10, (8, 32), generator=gen, device=device)
+    return model, lambda m, i: F.cross_entropy(m(xs[i % 8]), ys[i % 8])
+
+
+#: the HF row's config: 12 BERT layers, narrow enough for a CPU thread (nothing downloaded)
+BERT = dict(num_hidden_layers=12, hidden_size=128, num_attention_heads=4, intermediate_size=512,
+            vocab_size=2000, max_position_embeddings=64, num_labels=4)
+
+
+def make_bert(seed: int, device: str) -> tuple[nn.Module, Callable]:
+    """``transformers.BertForSequenceClassification`` built from a :data:`BERT` config (random
+    init), batches of 8 sequences of 64 tokens; the loss is the model's own (``labels=``)."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(seed)
+    model = BertForSequenceClassification(BertConfig(**BERT)).to(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    ids = torch.randint(0, BERT["vocab_size"], (8, 8, 64), generator=gen, device=device)
+    ys = torch.randint(0, BERT["num_labels"], (8, 8), generator=gen, device=device)
+    return model, lambda m, i: m(input_ids=ids[i % 8], labels=ys[i % 8]).loss
+
+
+MODELS = {"mlp": make_mlp, "transformer": make_transformer,
+          "deep100": lambda seed, dev: make_deep(100, seed, dev),
+          "deep500": lambda seed, dev: make_deep(500, seed, dev),
+          "bert": make_bert}
+ARMS = ("monitor", "anomaly", "nullhooks")
 OPTIMIZERS = {"sgd": lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9),
               "adam": lambda ps: torch.optim.Adam(ps, lr=1e-3)}
 
 
+def null_hooks(model: nn.Module) -> list:
+    """A forward hook on every module the monitor would hook and a post-accumulate-grad hook on
+    every trainable parameter, all returning at once; their handles."""
+    from neuraldbg.monitor.records import monitored_modules
+
+    def fwd(module, args, output):
+        return None
+
+    def grad(param):
+        return None
+
+    handles = [m.register_forward_hook(fwd) for _, m in monitored_modules(model)]
+    handles += [p.register_post_accumulate_grad_hook(grad) for p in model.parameters() if p.requires_grad]
+    return handles
+
+
 class Arm:
-    """One training run (bare or monitored) that can be advanced block by block."""
+    """One training run (bare, monitored or a reference) that can be advanced block by block."""
 
     def __init__(self, build: Callable, optimizer: str, device: str, every: int | None,
-                 give_optimizer: bool = False) -> None:
+                 give_optimizer: bool = False, kind: str = "monitor") -> None:
         self.model, self.loss_fn = build(0, device)
         self.opt = OPTIMIZERS[optimizer](self.model.parameters())
         self.device = device
         self.i = 0
         self.dbg = None
         self.enter_s = 0.0
-        if every is not None:
+        self.anomaly = every is not None and kind == "anomaly"
+        self.handles: list = []
+        if every is not None and kind == "nullhooks":
+            self.handles = null_hooks(self.model)
+        elif every is not None and kind == "monitor":
             self.dbg = NeuralDbg(self.model, every=every, optimizer=self.opt if give_optimizer else None)
             t0 = time.perf_counter()
             self.dbg.__enter__()
@@ -115,6 +188,8 @@ class Arm:
         """Train ``steps`` steps; their time in seconds on ``clock`` (wall time by default)."""
         sync = torch.cuda.synchronize if self.device == "cuda" else (lambda: None)
         sync()
+        if self.anomaly:  # process-wide: on during this arm's blocks only
+            torch.autograd.set_detect_anomaly(True)
         t0 = clock()
         for _ in range(steps):
             self.opt.zero_grad(set_to_none=True)
@@ -125,19 +200,26 @@ class Arm:
             self.opt.step()
             self.i += 1
         sync()
-        return clock() - t0
+        t = clock() - t0
+        if self.anomaly:
+            torch.autograd.set_detect_anomaly(False)
+        return t
 
     def close(self) -> None:
-        """Leave the monitor (removes its hooks)."""
+        """Leave the monitor (removes its hooks) or remove the reference hooks."""
         if self.dbg is not None:
             self.dbg.__exit__(None, None, None)
+        for h in self.handles:
+            h.remove()
 
 
 def paired(build: Callable, optimizer: str, every: int, *, device: str, pairs: int, block: int,
-           warmup: int, give_optimizer: bool = False, clock: Callable[[], float] = time.perf_counter) -> dict:
-    """Alternating blocks of a bare and a monitored run: per-pair ratios and step times."""
+           warmup: int, give_optimizer: bool = False, clock: Callable[[], float] = time.perf_counter,
+           kind: str = "monitor") -> dict:
+    """Alternating blocks of a bare and a monitored (or reference, ``kind``) run: per-pair
+    ratios and step times."""
     bare = Arm(build, optimizer, device, None)
-    mon = Arm(build, optimizer, device, every, give_optimizer)
+    mon = Arm(build, optimizer, device, every, give_optimizer, kind)
     try:
         bare.run(warmup)
         mon.run(warmup)
@@ -173,6 +255,65 @@ def scaling(layer_counts: list[int], *, device: str, pairs: int, block: int, war
     return rows
 
 
+class GCTime:
+    """Seconds Python's cyclic garbage collector ran while the block ran (its full collections
+    cost time in proportion to every object of the process, whoever allocated them)."""
+
+    def __enter__(self) -> "GCTime":
+        self.s, self._t0 = 0.0, 0.0
+        gc.callbacks.append(self._cb)
+        return self
+
+    def _cb(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.s += time.perf_counter() - self._t0
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._cb)
+
+
+def entry_times(layer_counts: list[int], *, device: str, steps: int = 32) -> list[dict]:
+    """``NeuralDbg.__enter__`` and the queries on :class:`DeepStack` models of growing depth,
+    after ``steps`` checked training steps (wall clock, seconds). A query on a one-layer model
+    first: the causal engine's imports (pgmpy) are a one-time cost of the process, not of depth."""
+    with NeuralDbg(nn.Linear(2, 2)) as warm:
+        warm.posterior()
+    rows = []
+    for n in layer_counts:
+        gc.collect()  # the previous model's garbage is not this one's cost
+        model, loss_fn = make_deep(n, 0, device)
+        opt = OPTIMIZERS["sgd"](model.parameters())
+        dbg = NeuralDbg(model, every=1)
+        with GCTime() as in_gc:
+            t0 = time.perf_counter()
+            dbg.__enter__()
+            enter_s = time.perf_counter() - t0
+        try:
+            for i in range(steps):
+                opt.zero_grad(set_to_none=True)
+                loss = loss_fn(model, i)
+                loss.backward()
+                dbg.record_loss(loss)
+                opt.step()
+            t0 = time.perf_counter()
+            dbg.posterior()
+            first_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            dbg.get_causal_hypotheses()
+            again_s = time.perf_counter() - t0
+        finally:
+            dbg.__exit__(None, None, None)
+        modules = len(dbg.layers())
+        rows.append({"layers": n, "modules": modules, "enter_s": enter_s, "enter_gc_s": in_gc.s,
+                     "posterior_s": first_s, "hypotheses_s": again_s})
+        print(f"{n:5d} layers ({modules} modules): __enter__ {enter_s * 1e3:7.1f} ms (of which the garbage "
+              f"collector {in_gc.s * 1e3:6.1f} ms), first query (posterior) {first_s * 1e3:7.1f} ms, "
+              f"get_causal_hypotheses {again_s * 1e3:7.1f} ms", flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     """Print the every x model x optimizer table (markdown) and return its rows."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -186,8 +327,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--give-optimizer", action="store_true",
                     help="pass the optimizer to NeuralDbg (the step-size probe's copies on checked steps)")
+    ap.add_argument("--arm", nargs="+", default=["monitor"], choices=list(ARMS),
+                    help="what the second copy trains under: the monitor, or a reference (see above)")
     ap.add_argument("--scaling", action="store_true", help="the many-layer scaling figure instead")
-    ap.add_argument("--layers", nargs="+", type=int, default=[500, 1000, 2000])
+    ap.add_argument("--entry", action="store_true", help="the __enter__ and query times on deep stacks instead")
+    ap.add_argument("--layers", nargs="+", type=int, default=None,
+                    help="layer counts of --scaling (default 500 1000 2000) or --entry (100 250 500 1000)")
     ap.add_argument("--clock", default="wall", choices=["wall", "thread"],
                     help="wall time (the published figures) or this thread's CPU time (steadier on a "
                          "loaded machine; CPU with one thread only)")
@@ -204,25 +349,34 @@ def main(argv: list[str] | None = None) -> list[dict]:
           f"{a.block}-step blocks after {a.warmup} warm-up steps, optimizer "
           f"{'given' if a.give_optimizer else 'not given'} to the monitor, {a.clock} clock", flush=True)
     if a.scaling:
-        return scaling(a.layers, device=a.device, pairs=a.pairs, block=a.block, warmup=a.warmup, clock=clock)
+        return scaling(a.layers or [500, 1000, 2000], device=a.device, pairs=a.pairs, block=a.block,
+                       warmup=a.warmup, clock=clock)
+    if a.entry:
+        return entry_times(a.layers or [100, 250, 500, 1000], device=a.device)
     rows = []
     for model in a.model:
         for opt in a.optimizer:
-            for every in a.every:
-                r = paired(MODELS[model], opt, every, device=a.device, pairs=a.pairs, block=a.block,
-                           warmup=a.warmup, give_optimizer=a.give_optimizer, clock=clock)
-                rows.append({"model": model, "optimizer": opt, "every": every, **r})
-                print(f"  {model} {opt} every={every}: {r['ratio']:.3f}x [IQR {r['q25']:.3f}-{r['q75']:.3f}] "
-                      f"bare {r['bare_ms']:.2f} ms/step, monitored {r['mon_ms']:.2f} ms/step", flush=True)
+            for arm in a.arm:
+                # a reference does not check every Nth step: one measurement stands for every column
+                for every in (a.every if arm == "monitor" else a.every[:1]):
+                    r = paired(MODELS[model], opt, every, device=a.device, pairs=a.pairs, block=a.block,
+                               warmup=a.warmup, give_optimizer=a.give_optimizer, clock=clock, kind=arm)
+                    rows.append({"model": model, "optimizer": opt, "arm": arm, "every": every, **r})
+                    label = f"every={every}" if arm == "monitor" else arm
+                    print(f"  {model} {opt} {label}: {r['ratio']:.3f}x [IQR {r['q25']:.3f}-{r['q75']:.3f}] "
+                          f"bare {r['bare_ms']:.2f} ms/step, other arm {r['mon_ms']:.2f} ms/step", flush=True)
     cols = sorted(set(a.every))
-    print("\n| model | optimizer | bare ms/step | " + " | ".join(f"every={e}" for e in cols) + " |")
-    print("| --- | --- | --- | " + " | ".join("---" for _ in cols) + " |")
+    print("\n| model | optimizer | arm | bare ms/step | " + " | ".join(f"every={e}" for e in cols) + " |")
+    print("| --- | --- | --- | --- | " + " | ".join("---" for _ in cols) + " |")
     for model in a.model:
         for opt in a.optimizer:
-            cells = {r["every"]: r for r in rows if r["model"] == model and r["optimizer"] == opt}
-            bare = statistics.median(c["bare_ms"] for c in cells.values())
-            print(f"| {model} | {opt} | {bare:.2f} | " + " | ".join(
-                f"{cells[e]['ratio']:.2f}x ({cells[e]['q25']:.2f}-{cells[e]['q75']:.2f})" for e in cols) + " |")
+            for arm in a.arm:
+                cells = {r["every"]: r for r in rows if (r["model"], r["optimizer"], r["arm"]) == (model, opt, arm)}
+                bare = statistics.median(c["bare_ms"] for c in cells.values())
+                # a reference checks no step: its one figure stands under each column
+                fmt = [f"{c['ratio']:.2f}x ({c['q25']:.2f}-{c['q75']:.2f})"
+                       for c in ([cells[e] for e in cols] if arm == "monitor" else list(cells.values()) * len(cols))]
+                print(f"| {model} | {opt} | {arm} | {bare:.2f} | " + " | ".join(fmt) + " |")
     print(f"\nmedian [IQR] of {a.pairs} paired block ratios. Anchors: {ANCHORS}.")
     return rows
 

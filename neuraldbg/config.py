@@ -103,6 +103,14 @@ class DetectorConfig:
     #: a repeat of the same event in the same layer within this many checks merges into it
     collapse_gap_checks: int = 3
 
+    # -- cost on deep models --------------------------------------------------------------
+    #: monitored modules (counted on entry) above which each checked step measures the
+    #: outputs of one rotating share of at most this many modules (ceil(n / this) shares,
+    #: every module within that many checks; parameter gradients stay measured on every
+    #: check). Above every zoo and ecosystem model (the largest has 201 modules), so their
+    #: detection is unchanged; the added detection delay is in docs/overhead.md
+    rotate_modules_above: int = 512
+
     def __post_init__(self) -> None:
         positive = [f.name for f in fields(self) if isinstance(getattr(self, f.name), (int, float))
                     and not isinstance(getattr(self, f.name), bool)]

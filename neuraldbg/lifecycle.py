@@ -112,8 +112,17 @@ class AddonContext(Protocol):
         """The monitor's trace so far (a query: it moves waiting statistics to the host)."""
 
 
+#: the lifecycle calls made on unchecked steps as well as checked ones
+STEP_HOOKS = ("step_started", "step_closed", "optimizer_pre", "optimizer_post")
+
+
 class Addon:
     """A part of a monitor: every lifecycle call is a no-op here; override the ones you need."""
+
+    #: the :data:`STEP_HOOKS` this part needs on *unchecked* steps (``None``: all it overrides).
+    #: A part that acts only on checked steps lists fewer, and an unchecked step then runs none
+    #: of its Python: on a fast step of a deep model every call shows in the step time.
+    unchecked: ClassVar[tuple[str, ...] | None] = None
 
     def enter(self, ctx: AddonContext) -> None:
         """The monitor's hooks are registered and the weights measured (before the first step)."""

@@ -7,7 +7,8 @@ compared, pickled and written to JSON without touching torch.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Mapping
+from collections.abc import Mapping
+from typing import Any, Iterable
 
 from neuraldbg.vocab import (ACTIVATION, DATA, EVENT_KINDS, EVENT_TYPES, FAILURE_TYPES, GRADIENT,  # noqa: F401
                              OPTIMIZER, validate_failure_type)

@@ -151,6 +151,8 @@ class Autosave(Addon):
         self._last = time.monotonic()
         self._writer.write(*self._document(ctx))
 
+    unchecked = ()  # written on checked steps only
+
     def step_closed(self, ctx: AddonContext, step: int, checked: bool) -> None:
         """Hand a fresh document to the writer when the interval has passed and it is idle."""
         if not checked:

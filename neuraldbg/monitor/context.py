@@ -11,7 +11,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Callable
 
 from neuraldbg.causal.nodes import check_signature
-from neuraldbg.lifecycle import HOOKS, Addon, AddonContext, Measurement, overrides
+from neuraldbg.lifecycle import HOOKS, STEP_HOOKS, Addon, AddonContext, Measurement, overrides
 
 if TYPE_CHECKING:  # pragma: no cover
     from neuraldbg.events.base import Event
@@ -142,6 +142,9 @@ class Parts:
         self.ctx = ctx
         self._fail = fail  # counts and reports a failure once (the monitor's)
         self._by_hook = {h: [p for p in parts if overrides(p, h)] for h in HOOKS}
+        # the step hooks' receivers on an unchecked step: the parts that ask for them there
+        self._unchecked = {h: [p for p in self._by_hook[h] if p.unchecked is None or h in p.unchecked]
+                           for h in STEP_HOOKS}
         #: id(part) -> what its first failure was (its signatures then read "a monitor error")
         self.failed: dict[int, str] = {}
 
@@ -152,7 +155,16 @@ class Parts:
     def call(self, hook: str, *args: Any) -> None:
         """Call ``hook`` on every part that has it, each under the guard (a failure is recorded
         against the part)."""
-        for part in self._by_hook[hook]:
+        self._call(self._by_hook[hook], hook, args)
+
+    def call_step(self, hook: str, *args: Any) -> None:
+        """Call a step hook (:data:`~neuraldbg.lifecycle.STEP_HOOKS`, whose last argument says
+        whether the step is checked): on an unchecked step only the parts that ask for it there
+        (``Addon.unchecked``)."""
+        self._call(self._by_hook[hook] if args[-1] else self._unchecked[hook], hook, args)
+
+    def _call(self, parts: list[Addon], hook: str, args: tuple) -> None:
+        for part in parts:
             try:
                 getattr(part, hook)(self.ctx, *args)
             except Exception as e:  # noqa: BLE001 - reported, never raised into training

@@ -28,7 +28,7 @@ from neuraldbg.config import DetectorConfig
 from neuraldbg.monitor import stats as S
 from neuraldbg.monitor.records import (INPUT, INPUT_SLOT, OUT, Spec, StepBuffer, Tables, describe, first_tensor,
                                        monitored_modules, tensors_of)
-from neuraldbg.monitor.switch import HookSwitch
+from neuraldbg.monitor.switch import ALWAYS, EVERY_GROUP, HookSwitch
 
 log = logging.getLogger("neuraldbg")
 
@@ -70,7 +70,13 @@ class ModuleHooks:
         self.hooked_params: set[int] = set()
         self.handles: list[Any] = []
         self.switch = HookSwitch()  # takes the hooks out of the model on unchecked steps
+        # the sub-network entry hooks: out on unchecked steps, and once the root's forward ran
+        self.entries = HookSwitch()
         self.modules = monitored_modules(root)
+        #: rotating shares of the output hooks (1: every module on every checked step), fixed
+        #: on entry from the module count (DetectorConfig.rotate_modules_above)
+        self.shares = rotation_shares(len(self.modules), config.rotate_modules_above)
+        self._n_out_hooks = 0  # output hooks registered so far (the next one's share)
         self.kinds = {name: S.activation_kind(m) for name, m in self.modules}
         self.disabled: set[str] = set()
         self.tables = Tables()
@@ -80,7 +86,7 @@ class ModuleHooks:
         self.order: list[str] = []
         self.order_pos: dict[str, int] = {}
         self.batch_empty = False  # the latest training forward's input had no elements
-        self._pending: tuple | None = None  # (buffer, [(param index, grad)]) of the running backward
+        self._pending: tuple | None = None  # (buffer, [param index], [grad]) of the running backward
         self._plans: dict[tuple, tuple] = {}  # parameter indices -> how their norms are batched
         self.buf = StepBuffer(0, True, self.tables)
 
@@ -95,11 +101,18 @@ class ModuleHooks:
         """
         _guard_compiled_hooks()
         self.handles.append(self.root.register_forward_pre_hook(self._on_input, with_kwargs=True))
+        # each child's first monitored layer, in one pass (a lookup per child would be quadratic
+        # in the depth of a flat Sequential)
+        firsts: dict[str, str] = {}
+        for n, _ in self.modules:
+            firsts.setdefault(n.split(".", 1)[0], n)
         for cname, child in self.root.named_children() if entries else ():
-            first = next((n for n, _ in self.modules if n == cname or n.startswith(cname + ".")), None)
+            first = firsts.get(cname)
             if first is not None:  # the entry's records name its first monitored layer
                 hook = partial(self._on_entry, self.tables.slot(INPUT, self.tables.layer(first)))
-                self.handles.append(child.register_forward_pre_hook(hook, with_kwargs=True))
+                h = child.register_forward_pre_hook(hook, with_kwargs=True)
+                self.handles.append(h)
+                self.entries.add(h, hook)
         self._hook_modules(self.modules)
 
     def remove(self) -> None:
@@ -111,15 +124,28 @@ class ModuleHooks:
                 pass
         self.handles.clear()
         self.switch = HookSwitch()
+        self.entries = HookSwitch()
 
     def start_step(self, step: int) -> None:
         """Start recording ``step`` (measured only when it is a multiple of ``every``); the
-        module and parameter hooks are only in the model during checked steps."""
-        self.buf = StepBuffer(step, step % self.every == 0, self.tables)
+        module and parameter hooks are only in the model during checked steps (of a model
+        with rotating shares, the output hooks of this check's share)."""
+        active = step % self.every == 0
+        self.buf = StepBuffer(step, active, self.tables)
         if self.handles:
-            self.switch.set(self.buf.active)
+            self.switch.set(active, self.share_of(step))
+            self.entries.set(active)
         self.batch_empty = False
         self._pending = None
+
+    def share_of(self, step: int) -> Any:
+        """The output-hook share a checked ``step`` measures: every module while there is one
+        share, and until a forward was measured (the first check records the forward order
+        of every layer); then share ``(step // every) % shares``, so that consecutive checks
+        cover every module within ``shares`` checks."""
+        if self.shares <= 1 or not self.order:
+            return EVERY_GROUP
+        return (step // self.every) % self.shares
 
     def take(self) -> StepBuffer | None:
         """The current step's buffer if anything was recorded (None otherwise).
@@ -160,7 +186,8 @@ class ModuleHooks:
             fn = partial(self._on_output, Spec(name, mod, layer, self.tables))
             h = mod.register_forward_hook(fn)
             self.handles.append(h)
-            self.switch.add(h, fn)
+            self.switch.add(h, fn, self._n_out_hooks % self.shares if self.shares > 1 else ALWAYS)
+            self._n_out_hooks += 1
             self.hooked[name] = (weakref.ref(mod), [h], [])
             for p in mod.parameters(recurse=False):
                 # a tensor subclass other than a sharded DTensor is not measured: coverage says so.
@@ -172,7 +199,7 @@ class ModuleHooks:
             # a sharded parameter (FSDP2) counts the elements of this rank's shard: its gradient
             # is read there (see _on_param_grad), so the layer's RMS is the shard's
             pidx = self.tables.param(layer, S.local_numel(p))
-            fn = partial(self._on_param_grad, pidx, name)
+            fn = partial(self._on_param_grad, pidx, name, sharded=S.is_sharded(p))
             h = p.register_post_accumulate_grad_hook(fn)
             self.handles.append(h)
             self.switch.add(h, fn)
@@ -236,6 +263,8 @@ class ModuleHooks:
     def _on_input(self, module, args, kwargs):
         buf = self.buf
         buf.root_called = True
+        if buf.active:  # the entry hooks would return at once for the rest of this step
+            self.entries.set(False)
         measure = not self._skip_forward(buf)
         if not measure and not (torch.is_grad_enabled() and (self.root.training or self.eval_trains)):
             return None  # a validation pass
@@ -250,15 +279,24 @@ class ModuleHooks:
         return None
 
     def _on_output(self, spec: Spec, module, inputs, output):
+        # the checks of _skip_forward, inlined: this runs once per module per checked step
         buf = self.buf
-        if buf.active and not torch.is_grad_enabled() and (self.root.training or self.eval_trains):
-            # a training-mode forward under no_grad: the module ran, cut from the loss (a
-            # host-side note, no kernel; the loop checks read it)
-            buf.ran_without_grad.add(spec.layer)
-        if not buf.active or spec.name in self.disabled or self._skip_forward(buf):
+        if not buf.active:
+            return None
+        train = self.root.training or self.eval_trains
+        if not torch.is_grad_enabled():
+            if train:
+                # a training-mode forward under no_grad: the module ran, cut from the loss (a
+                # host-side note, no kernel; the loop checks read it)
+                buf.ran_without_grad.add(spec.layer)
+            return None
+        if spec.name in self.disabled:
+            return None
+        if not train:
+            buf.eval_skipped = True
             return None
         try:
-            y = first_tensor(output)
+            y = output if type(output) is torch.Tensor else first_tensor(output)
             if y is None or not y.is_floating_point() or y.is_sparse:
                 self._report((spec.name, "type"), f"no statistics for the output of {spec.name} "
                              f"({describe(output)}); skipped", level=logging.INFO)
@@ -271,7 +309,7 @@ class ModuleHooks:
                 return None
             # under torch.compile every Python dict this hook reads is guarded: one that grows
             # (new unit counts, the forward order) would recompile, so those wait for the host
-            traced = _compiling()
+            traced = _is_compiling()
             # output_stats reads y.detach(): no graph, no grad-mode switch needed
             x = first_tensor(inputs) if spec.kind == "softmax" else None
             vals = S.output_stats(y, spec.kind, sq=spec.sq, bounds=spec.bounds, softmax_dim=spec.dim,
@@ -290,7 +328,7 @@ class ModuleHooks:
             self._fail((spec.name, type(e).__name__), f"statistics of {spec.name} failed and are disabled: {e!r}")
         return None
 
-    def _on_param_grad(self, pidx, name, param):
+    def _on_param_grad(self, pidx, name, param, sharded=False):
         buf = self.buf
         if not buf.active:
             return None
@@ -305,7 +343,7 @@ class ModuleHooks:
             pend = self._pending
             if pend is None or pend[0] is not buf:
                 self._capture_scale(buf)
-                pend = self._pending = (buf, [])
+                pend = self._pending = (buf, [], [])
                 if self.backward_started is not None:
                     self.backward_started(param)
                 if not _queue_at_backward_end(self._grads_done):
@@ -320,7 +358,9 @@ class ModuleHooks:
             # detectors read RMS and finiteness, not the norm of the whole tensor), so no
             # collective is issued per hook or per sync; a non-finite entry in one shard shows on
             # the rank that holds it, and the ranks' events are merged at exit (distributed.py)
-            pend[1].append((pidx, S.local(param.grad)))
+            # two flat lists, not a tuple per parameter: fewer objects for the garbage collector
+            pend[1].append(pidx)
+            pend[2].append(S.local(param.grad) if sharded else param.grad)
         except Exception as e:  # noqa: BLE001
             self._fail((name, "pgrad", type(e).__name__), f"parameter-gradient statistics failed: {e!r}")
         return None
@@ -330,11 +370,11 @@ class ModuleHooks:
         pend, self._pending = self._pending, None
         if pend is None:
             return
-        buf, fired = pend
+        buf, ids, grads = pend
         try:
-            if not fired:
+            if not ids:
                 return
-            ids, grads = zip(*fired)
+            ids = tuple(ids)
             plan = self._plans.get(ids)
             if plan is None:
                 if len(self._plans) >= 16:  # the set of gradients changes (e.g. frozen layers)
@@ -403,8 +443,19 @@ def _guard_compiled_hooks() -> None:
         pass
 
 
+def rotation_shares(n_modules: int, above: int) -> int:
+    """How many rotating shares the output hooks of ``n_modules`` monitored modules are split
+    into: 1 (every module on every checked step) up to ``above`` modules, else the fewest
+    shares of at most ``above`` modules each."""
+    return 1 if n_modules <= above else -(-n_modules // above)
+
+
 def _compiling() -> bool:
     try:
         return bool(torch.compiler.is_compiling())
     except Exception:  # noqa: BLE001 - old torch
         return False
+
+
+#: torch.compiler.is_compiling, looked up once (it runs once per module per checked step)
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or _compiling

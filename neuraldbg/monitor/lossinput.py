@@ -20,6 +20,8 @@ _VALID = ("a real scalar: a float or a 0-d tensor (any Python real number, numpy
 
 def loss_value(loss: Any) -> float | torch.Tensor:
     """``loss`` as a float or a detached 0-d tensor; ``TypeError``/``ValueError`` otherwise."""
+    if type(loss) is torch.Tensor and loss.dtype.is_floating_point and loss.dim() == 0:
+        return loss.detach()  # the common case, once per step: nothing else to check
     if isinstance(loss, torch.Tensor):
         if loss.is_complex() or loss.dtype == torch.bool:
             raise TypeError(f"record_loss expects {_VALID}; got a tensor of dtype {loss.dtype}")

@@ -220,8 +220,11 @@ class NeuralDbg(CausalQueries):
         self._census = weight_census(self._hooks.modules)
 
     def _optimizer_pre(self, optimizer: Any) -> None:
-        self._safe(lambda: self._note_lr(optimizer), "learning rate")
-        self._parts.call("optimizer_pre", optimizer, self._update_checked())
+        checked = self._update_checked()
+        # a checked step s reads the rate noted at step s, else at s + 1 (_consume): only those
+        if checked or self._step % self.every < 2 or self.every == 1:
+            self._safe(lambda: self._note_lr(optimizer), "learning rate")
+        self._parts.call_step("optimizer_pre", optimizer, checked)
 
     def _note_lr(self, optimizer: Any) -> None:
         """The primary optimizer's learning rate at this step, for the gradient baselines
@@ -233,7 +236,7 @@ class NeuralDbg(CausalQueries):
             self._lr_at[self._step] = max(lrs)
 
     def _optimizer_post(self, optimizer: Any) -> None:
-        self._parts.call("optimizer_post", optimizer, self._update_checked())
+        self._parts.call_step("optimizer_post", optimizer, self._update_checked())
 
     def _backward_started(self, param: Any) -> None:
         self._parts.call("backward_started", param)
@@ -277,7 +280,7 @@ class NeuralDbg(CausalQueries):
     def _start_step(self, value: int) -> None:
         self._step = value
         self._hooks.start_step(value)
-        self._parts.call("step_started", value, self._hooks.buf.active)
+        self._parts.call_step("step_started", value, self._hooks.buf.active)
 
     def record_loss(self, loss: float | torch.Tensor) -> None:
         """Record this step's loss: any real scalar (Python or numpy number, one-element array
@@ -305,7 +308,7 @@ class NeuralDbg(CausalQueries):
         if buf is None:
             return
         self._transfer.push(buf)  # O(1): the hooks keep the forward order as they fire
-        self._parts.call("step_closed", buf.step, buf.active)
+        self._parts.call_step("step_closed", buf.step, buf.active)
 
     # ---- detectors ---------------------------------------------------------------------
     def _consume(self, st: StepStats) -> None:

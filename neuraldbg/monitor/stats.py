@@ -117,7 +117,7 @@ def _acc(t: torch.Tensor) -> dict:
 
 def total(y: torch.Tensor) -> torch.Tensor:
     """Sum of all elements (0-d, float32 accumulation for half inputs)."""
-    return y.sum(**_acc(y))
+    return y.sum(dtype=torch.float32) if y.dtype in _HALF else y.sum()
 
 
 def norm(y: torch.Tensor) -> torch.Tensor:
@@ -151,6 +151,8 @@ def relu_units(y: torch.Tensor) -> torch.Tensor:
     unit counts as active: its output is not finite, which the detectors read first). The
     dead fraction is ``1 - active / units``.
     """
+    if y.dim() == 2:  # (N, F): already one maximum per unit, 1-d
+        return y.amax(dim=0)
     return y.amax(dim=unit_reduce_dims(y)).reshape(-1) if y.dim() > 0 else y.reshape(1)
 
 

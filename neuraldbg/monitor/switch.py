@@ -1,51 +1,82 @@
 """Hooks that leave the model during unchecked steps, so that those steps run at bare speed.
 
 A registered hook costs its module a slower call path in torch even when it returns at once;
-on a small model that alone is about a percent of the step. :class:`HookSwitch` takes the
-monitor's per-module and per-parameter hooks out of torch's hook dicts when an unchecked
-step starts and puts them back (same handle id) when a checked one does. Their handles stay
-valid throughout: removing a paused hook is a no-op on the dict and forgets it here.
-Under ``torch.compile`` the two states are two guarded graphs, each compiled once.
+on a deep model of small layers that alone is a tenth of the step. :class:`HookSwitch` takes
+the monitor's per-module and per-parameter hooks out of torch's hook dicts when an unchecked
+step starts and puts them back (same handle id) when a checked one does, so an unchecked step
+runs no Python of the monitor per module or per parameter. Their handles stay valid
+throughout: removing a paused hook is a no-op on the dict and forgets it here.
+
+Hooks are kept in *groups*: group ``None`` is in on every checked step; the numbered groups
+are the rotating shares of a model with many modules (``DetectorConfig.rotate_modules_above``),
+of which one is in per checked step. A transition touches only the hooks that change state:
+a dict insert or pop each, no Python call per module on the steps in between.
+Under ``torch.compile`` each state is a guarded graph, compiled once.
 """
 from __future__ import annotations
 
 from typing import Any, Iterable
 
+#: the group of hooks that are in on every checked step
+ALWAYS = None
+#: ``set(True, EVERY_GROUP)``: every group in (before the forward order is known)
+EVERY_GROUP = "every group"
+
 
 class HookSwitch:
-    """The switchable hooks of one monitor (handle id -> (handle, hook function))."""
+    """The switchable hooks of one monitor, by group (group -> handle id -> (handle, hook function))."""
 
     def __init__(self) -> None:
-        self.hooks: dict[int, tuple[Any, Any]] = {}
-        self.paused = False
+        self.groups: dict[Any, dict[int, tuple[Any, Any]]] = {}
+        self.live: frozenset = frozenset((ALWAYS,))  # the groups whose hooks are in the model now
+        self.every_group = True  # and every group added later (as on registration)
+        self._group_of: dict[int, Any] = {}
 
-    def add(self, handle: Any, fn: Any) -> None:
-        """Make ``handle``'s hook switchable (taken out at once while paused)."""
-        self.hooks[handle.id] = (handle, fn)
-        if self.paused:
-            self._take_out(handle)
+    @property
+    def paused(self) -> bool:
+        """Whether every hook is out of the model."""
+        return not self.live
+
+    def add(self, handle: Any, fn: Any, group: Any = ALWAYS) -> None:
+        """Make ``handle``'s hook switchable in ``group`` (taken out at once unless that group is in)."""
+        self.groups.setdefault(group, {})[handle.id] = (handle, fn)
+        self._group_of[handle.id] = group
+        if self.every_group:
+            self.live = self.live | {group}
+        elif group not in self.live:
+            _take_out(handle)
 
     def forget(self, handles: Iterable[Any]) -> None:
         """Stop switching these handles (they were removed)."""
         for h in handles:
-            self.hooks.pop(getattr(h, "id", None), None)
+            hid = getattr(h, "id", None)
+            group = self._group_of.pop(hid, None)
+            self.groups.get(group, {}).pop(hid, None)
 
-    def set(self, on: bool) -> None:
-        """Put every hook in (``on``) or take them out; nothing to do when already so."""
-        if on != self.paused:
+    def set(self, on: bool, group: Any = ALWAYS) -> None:
+        """Put the hooks of group ``None`` and of ``group`` (every group: :data:`EVERY_GROUP`) in
+        (``on``), or every hook out; only the groups that change state are touched."""
+        if not on and not self.live:
+            return  # an unchecked step after an unchecked step: the common case, kept cheapest
+        every = on and group == EVERY_GROUP
+        want = frozenset((ALWAYS, *self.groups)) if every else frozenset((ALWAYS, group)) if on else frozenset()
+        self.every_group = every
+        if want == self.live:
             return
-        self.paused = not on
-        for h, fn in self.hooks.values():
-            d = h.hooks_dict_ref()
-            if d is None:
-                continue
-            if on:
-                d[h.id] = fn
-            else:
-                self._take_out(h)
+        for g in self.live - want:
+            for h, _ in self.groups.get(g, {}).values():
+                d = h.hooks_dict_ref()
+                if d is not None:
+                    d.pop(h.id, None)
+        for g in want - self.live:
+            for h, fn in self.groups.get(g, {}).values():
+                d = h.hooks_dict_ref()
+                if d is not None:
+                    d[h.id] = fn
+        self.live = want
 
-    @staticmethod
-    def _take_out(handle: Any) -> None:
-        d = handle.hooks_dict_ref()
-        if d is not None:
-            d.pop(handle.id, None)
+
+def _take_out(handle: Any) -> None:
+    d = handle.hooks_dict_ref()
+    if d is not None:
+        d.pop(handle.id, None)

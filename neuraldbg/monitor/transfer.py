@@ -29,16 +29,23 @@ MAX_PENDING = 1024
 MAX_LAYOUTS = 64
 
 
-class _Pending:
-    """One closed step in the queue."""
+_NO_COUNTS = np.zeros(1)  # a step without records: only the "absent" count (read-only, shared)
+_NO_COUNTS.flags.writeable = False
 
-    __slots__ = ("step", "checked", "records", "pgrad", "tensors", "floats", "scale", "has_bwd", "tables",
-                 "ran_without_grad")
+
+class _Pending:
+    """One closed step in the queue, its statistics packed into a few tensors (:meth:`pack`)."""
+
+    __slots__ = ("step", "checked", "slots", "ns", "pgrad", "tensors", "floats", "scale", "has_bwd", "tables",
+                 "ran_without_grad", "lay", "scalars", "n_scalars", "vectors", "n_vectors")
 
     def __init__(self, buf: "StepBuffer") -> None:
         self.step = buf.step
         self.checked = buf.active
-        self.records = buf.records
+        records = buf.records
+        self.slots = tuple(r[0] for r in records)
+        # element counts of the records, then the "absent" 0 (see _read)
+        self.ns = np.array([r[1] for r in records] + [0], dtype=np.float64) if records else _NO_COUNTS
         self.pgrad = buf.pgrad
         self.floats = [x for x in buf.losses if not isinstance(x, torch.Tensor)]
         self.tensors = [x for x in buf.losses if isinstance(x, torch.Tensor)]
@@ -46,6 +53,47 @@ class _Pending:
         self.has_bwd = bool(buf.pgrad)
         self.tables = buf.tables
         self.ran_without_grad = buf.ran_without_grad
+        self.lay: _Layout | None = None
+        self.scalars: list[torch.Tensor] = []
+        self.vectors: list[torch.Tensor] = []
+        self.n_scalars = self.n_vectors = 0
+
+    def pack(self, lay: "_Layout | None", records: list[tuple]) -> None:
+        """This step's values in flat order (see :class:`_Layout`): the scalars (record values,
+        losses, scale), then the per-unit ReLU maxima and the gradient norms. A checked step's
+        record values are stacked now, one kernel each for the scalars and the maxima: the
+        queue then holds a few tensors per step, not one Python object per statistic, which
+        would survive into the garbage collector's oldest generation and make its full
+        collections (a pause proportional to every object of the process) frequent."""
+        self.lay = lay
+        scalars: list[torch.Tensor] = []
+        vectors: list[torch.Tensor] = []
+        if records:
+            vals = list(chain.from_iterable(r[2] for r in records))
+            if lay.pick_scalars is not None:  # ReLU maxima (1-d) go with the vectors
+                vectors = lay.pick_vectors(vals)
+                vals = lay.pick_scalars(vals)
+            scalars = vals
+        scalars.extend(t if t.dim() == 0 else t.reshape(()) for t in self.tensors)
+        if self.scale is not None:
+            scalars.append(self.scale.reshape(()))
+        self.n_scalars = len(scalars)
+        self.n_vectors = (lay.relu_len if lay is not None else 0) + sum(v.numel() for _, v in self.pgrad)
+        if records:
+            scalars, vectors = _stacked(scalars, torch.stack), _stacked(vectors, torch.cat)
+        self.scalars = scalars
+        self.vectors = vectors + [v for _, v in self.pgrad]
+
+
+def _stacked(tensors: list[torch.Tensor], join: Callable) -> list[torch.Tensor]:
+    """``[join(tensors)]``, or the tensors as they are where they cannot be joined (several
+    devices: each then travels on its own)."""
+    if len(tensors) < 2:
+        return tensors
+    try:
+        return [join(tensors)]
+    except RuntimeError:
+        return tensors
 
 
 class HostTransfer:
@@ -65,7 +113,9 @@ class HostTransfer:
     def push(self, buf: "StepBuffer") -> None:
         """Queue a closed step (no device work); transfer the queue once it holds
         ``sync_every`` checked steps."""
-        self.pending.append(_Pending(buf))
+        p = _Pending(buf)
+        p.pack(self._layout(p), buf.records)
+        self.pending.append(p)
         self._checked += buf.active
         if self._checked >= self.sync_every or len(self.pending) >= MAX_PENDING:
             self.drain()
@@ -77,34 +127,24 @@ class HostTransfer:
             return
         scalars: list[torch.Tensor] = []
         vectors: list[torch.Tensor] = []
-        starts, vstarts, lays, v_at = [], [], [], 0
+        starts, vstarts, z_at, v_at = [], [], 0, 0
         for p in pending:
-            lay = self._layout(p)
-            lays.append(lay)
-            starts.append(len(scalars))
+            starts.append(z_at)
             vstarts.append(v_at)
-            if p.records:
-                vals = list(chain.from_iterable(r[2] for r in p.records))
-                if lay.pick_scalars is not None:  # ReLU maxima (1-d) go with the vectors
-                    v = lay.pick_vectors(vals)
-                    vectors.extend(v)
-                    v_at += lay.relu_len
-                    vals = lay.pick_scalars(vals)
-                scalars.extend(vals)
-            scalars.extend(t if t.dim() == 0 else t.reshape(()) for t in p.tensors)
-            if p.scale is not None:
-                scalars.append(p.scale.reshape(()))
-            vectors.extend(v for _, v in p.pgrad)
-            v_at += sum(v.numel() for _, v in p.pgrad)
+            scalars.extend(p.scalars)
+            vectors.extend(p.vectors)
+            z_at += p.n_scalars
+            v_at += p.n_vectors
         host = _to_host(scalars, vectors)
-        for p, lay, z0, v0 in zip(pending, lays, starts, vstarts):
-            where = (p, lay, z0, len(scalars) + v0, self._batches)
+        for p, z0, v0 in zip(pending, starts, vstarts):
+            lay = p.lay
+            where = (p, lay, z0, z_at + v0, self._batches)
             self._consume(_to_stepstats(p.step, where, host, _loss(p, host, z0, lay), p.has_bwd))
 
     def _layout(self, p: _Pending) -> "_Layout | None":
-        if not (p.records or p.pgrad or p.scale is not None):
+        if not (p.slots or p.pgrad or p.scale is not None):
             return None  # only losses: read directly
-        key = (p.tables.version, tuple(r[0] for r in p.records), len(p.tensors), p.scale is not None)
+        key = (p.tables.version, p.slots, len(p.tensors), p.scale is not None)
         lay = self._layouts.get(key)
         if lay is None:
             if len(self._layouts) >= MAX_LAYOUTS:
@@ -114,11 +154,12 @@ class HostTransfer:
 
 
 def _to_host(scalars: list[torch.Tensor], vectors: list[torch.Tensor]) -> np.ndarray:
-    """One flat float64 host array: the stacked scalars, then the vectors (one device copy)."""
+    """One flat float64 host array: the scalars (0-d, or 1-d runs of them already stacked),
+    then the vectors (one device copy)."""
     if not scalars and not vectors:
         return np.zeros(0)
     try:
-        parts = ([torch.stack(scalars)] if scalars else []) + vectors
+        parts = [t.reshape(-1) if t.dim() != 1 else t for t in scalars] + vectors
         flat = torch.cat(parts) if len(parts) > 1 else parts[0]
         return flat.detach().cpu().double().numpy()
     except RuntimeError:  # statistics on several devices (model parallel): one copy each
@@ -289,8 +330,7 @@ def _read(step, p, lay, host, z0, vec_at, cache, loss, has_bwd) -> StepStats:
         h = np.concatenate([host[z0:z0 + lay.size], derived, [np.nan]])
     else:
         h = np.append(host[z0:z0 + lay.size], np.nan)  # h[lay.absent]: an absent value
-    ns = np.fromiter((r[1] for r in p.records), dtype=np.float64, count=len(p.records))
-    ns = np.append(ns, 0.0)
+    ns = p.ns
     scale = float(h[lay.scale_pos]) if lay.scale_pos is not None else None
     L = lay.L
     cols: dict[str, Any] = {}

@@ -214,6 +214,10 @@ class Snapshots(Addon):
                                                               with_kwargs=True)
         self._handles.append(self._input_hook)
 
+    #: a record_loss loop's snapshot is taken after the update that follows the checked step's
+    #: start, which belongs to the step before it (checked or not)
+    unchecked = ("optimizer_post",)
+
     def step_started(self, ctx: AddonContext, step: int, checked: bool) -> None:
         """A checked step on the spacing: snapshot now when the loop sets ``dbg.step`` (before
         the forward), else after this step's optimizer update (``record_loss`` opened it early)."""

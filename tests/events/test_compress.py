@@ -47,3 +47,16 @@ def test_compress_propagation_follows_layer_order_on_ties():
     props = compress(evs, idx)
     assert [(p.kind, p.first.layer) for p in props] == [("vanishing", "in"), ("nan", "in")]
     assert props[0].order == (("in", 5), ("out", 5), ("mid", 7))
+
+
+def test_merge_is_the_validated_replace():
+    import dataclasses
+
+    from neuraldbg.events.compress import merge
+
+    a = Event(type=GRADIENT, kind="vanishing", layer="a", step=3, severity=1.0, values={"x": 1.0})
+    b = Event(type=GRADIENT, kind="vanishing", layer="a", step=5, severity=2.5)
+    m = merge(a, b)
+    want = dataclasses.replace(a, end_step=5, count=2, severity=2.5)
+    assert m == want and hash(m) == hash(want) and type(m) is Event
+    assert a.end_step == 3 and a.count == 1  # the original is untouched

@@ -123,3 +123,21 @@ def test_only_the_parts_that_do_something_on_a_hook_are_called():
     assert NeuralDbg(torch.nn.Linear(2, 2), reference=lambda m: torch.zeros(()))._parts.wants("step_started")
     with pytest.raises(TypeError, match="must be a neuraldbg.lifecycle.Addon"):
         type(dbg._parts)([object()], dbg._parts.ctx, dbg._safe)
+
+
+def test_an_unchecked_step_calls_only_the_parts_that_ask_for_it(registered):
+    class CheckedOnly(Recorder):
+        unchecked = ()
+
+    class PostOnly(Recorder):
+        unchecked = ("optimizer_post",)
+
+    registered(CheckedOnly, PostOnly, Recorder)
+    r = run(steps=6, monitor={"every": 3})
+    every, checked_only, post_only = (next(p for p in r.dbg._parts.all if type(p) is c)
+                                      for c in (Recorder, CheckedOnly, PostOnly))
+    step_calls = [c for c in every.calls if c[0] in ("step_started", "step_closed", "optimizer_pre", "optimizer_post")]
+    assert any(not c[-1] for c in step_calls)  # a part without `unchecked` hears every step
+    assert [c for c in checked_only.calls if c in step_calls] == [c for c in step_calls if c[-1]]
+    assert [c for c in post_only.calls if c in step_calls] == \
+        [c for c in step_calls if c[-1] or c[0] == "optimizer_post"]

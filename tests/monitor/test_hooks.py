@@ -201,3 +201,120 @@ def test_compiled_hooks_measure_dead_units_without_recompiling():
     dead = [e for e in dbg.events if e.kind == "dead"]
     assert [(e.layer, e.step) for e in dead] == [("1", 0)] and dead[0].measured["dead_frac"] == 1.0
     assert dbg._hooks.order == ["0", "1", "2"]  # read on the host from the compiled hooks' records
+
+
+# ---- deep models: nothing per module on unchecked steps, rotating shares on checked ones ----
+
+def stack(n, width=8):
+    torch.manual_seed(0)
+    blocks = []
+    for _ in range(n):
+        blocks += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*blocks, nn.Linear(width, 3))
+
+
+def neuraldbg_calls(n_blocks, step_fn_steps=13, optimizer=False, **kw):
+    """Python calls into neuraldbg during step ``step_fn_steps`` of a stack of ``n_blocks`` blocks,
+    by ``file:function`` (``optimizer``: given to the monitor, else found)."""
+    import sys
+
+    model = stack(n_blocks)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
+    dbg = NeuralDbg(model, optimizer=opt if optimizer else None, **kw).__enter__()
+
+    def step():
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        dbg.record_loss(loss)
+        opt.step()
+
+    for _ in range(step_fn_steps):
+        step()
+    calls = collections.Counter()
+
+    def prof(frame, event, arg):
+        if event == "call" and "neuraldbg" in frame.f_code.co_filename:
+            calls[f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_code.co_name}"] += 1
+
+    sys.setprofile(prof)
+    try:
+        step()
+    finally:
+        sys.setprofile(None)
+    dbg.__exit__(None, None, None)
+    return calls
+
+
+@pytest.mark.parametrize("optimizer", [False, True])
+def test_an_unchecked_step_runs_no_python_of_the_monitor_per_module_or_parameter(optimizer):
+    kw = {"every": 10, "optimizer": optimizer}
+    shallow = neuraldbg_calls(2, **kw)
+    deep = neuraldbg_calls(40, **kw)  # 20x the modules and parameters
+    assert deep == shallow, (deep - shallow) + (shallow - deep)
+    for hook in ("_on_output", "_on_param_grad", "_on_entry"):
+        assert deep[f"hooks.py:{hook}"] == 0
+    assert sum(deep.values()) < 60  # the per-step bookkeeping only (record_loss, the optimizer hooks)
+
+
+def test_a_checked_step_calls_the_entry_hooks_not_at_all_once_the_root_ran():
+    calls = neuraldbg_calls(10, step_fn_steps=10, every=10)  # step 10: checked
+    assert calls["hooks.py:_on_entry"] == 0
+    assert calls["hooks.py:_on_output"] == 21  # every module, once
+
+
+def rotated_run(n_blocks, above, steps, every=1):
+    from neuraldbg.config import DetectorConfig
+
+    model = stack(n_blocks)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(0)
+    seen = []
+    dbg = NeuralDbg(model, every=every, config=DetectorConfig(rotate_modules_above=above))
+    dbg._parts.all  # noqa: B018 - the parts exist
+    orig = dbg._consume
+
+    def consume(st):
+        seen.append(st)
+        orig(st)
+
+    dbg._transfer._consume = consume
+    with dbg:
+        for _ in range(steps):
+            x = torch.randn(16, 8, generator=gen)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), x[:, :3].argmax(dim=1))
+            loss.backward()
+            dbg.record_loss(loss)
+            opt.step()
+    return dbg, [st for st in seen if st.names]
+
+
+def test_output_statistics_rotate_above_the_module_count_and_cover_every_layer():
+    from neuraldbg.monitor.hooks import rotation_shares
+
+    dbg, checked = rotated_run(10, above=8, steps=7)  # 21 modules: 3 shares of at most 8
+    assert dbg._hooks.shares == rotation_shares(21, 8) == 3
+    names = set(checked[0].names)
+    assert len(names) == 21 and checked[0].has_out.all()  # the first check measures every module
+    for k in range(1, len(checked) - 2):  # then every 3 consecutive checks cover every module
+        window = checked[k:k + 3]
+        assert all(st.has_out.sum() <= 8 for st in window)
+        covered = {st.names[i] for st in window for i in st.has_out.nonzero()[0]}
+        assert covered == names
+        assert all(st.has_pgrad.sum() == 11 for st in window)  # every parameter gradient, every check
+    # the forward order is the model's, although later checks see a share at a time
+    assert [layer.name for layer in dbg.layers()] == [str(i) for i in range(21)]
+
+
+def test_no_rotation_up_to_the_threshold():
+    dbg, checked = rotated_run(10, above=21, steps=4)
+    assert dbg._hooks.shares == 1 and all(st.has_out.all() for st in checked)
+
+
+def test_rotation_follows_the_checked_steps_not_every_step():
+    dbg, checked = rotated_run(10, above=8, steps=40, every=5)  # checks at 0, 5, ..., 35
+    assert [st.step for st in checked] == list(range(0, 40, 5))
+    covered = {st.names[i] for st in checked[1:4] for i in st.has_out.nonzero()[0]}
+    assert len(covered) == 21

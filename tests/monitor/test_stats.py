@@ -115,3 +115,18 @@ def test_softmax_collapse_beyond_underflow_is_saturated_given_the_logits():
     assert S.softmax_saturated_fraction(torch.softmax(spread, -1), -1, 0.1, spread).item() == 0.0
     stats = S.output_stats(y, "softmax", sq=False, softmax_dim=-1, x=logits)
     assert stats[-1].item() == 1.0
+
+
+def test_batched_gradient_norms_equal_the_per_parameter_ones():
+    # hand-made gradients: two shapes that repeat (stacked per shape), one alone, one large
+    grads = [torch.full((3, 4), 2.0), torch.full((4,), -1.0), torch.arange(12.0).reshape(3, 4),
+             torch.ones(4) * 3.0, torch.ones(2, 2, 2), torch.ones(S.SMALL + 1) * 0.5]
+    want = [math.sqrt(12 * 4.0), 2.0, math.sqrt(sum(i * i for i in range(12))), 6.0, math.sqrt(8.0),
+            0.5 * math.sqrt(S.SMALL + 1)]
+    plan = S.norm_plan(grads)
+    groups, rest = plan
+    assert sorted(map(sorted, groups)) == [[0, 2], [1, 3]] and sorted(rest) == [4, 5]
+    norms = S.planned_norms(grads, plan)
+    order = [i for pos in (*groups, rest) for i in pos]  # the norms come out group by group
+    assert norms.tolist() == pytest.approx([want[i] for i in order], rel=1e-6)
+    assert S.grad_norms(grads).tolist() == pytest.approx(want, rel=1e-6)

@@ -82,3 +82,17 @@ def test_a_shared_module_sums_its_calls_and_averages_fractions(seen):
     assert lin["out_sumsq"] == pytest.approx(float(y1.pow(2).sum() + y2.pow(2).sum()), rel=1e-5)
     assert act["dead_frac"] == pytest.approx((dead1 + 1.0) / 2)
     assert "out_sumsq" not in act  # a module owning no parameters: nothing reads its RMS
+
+
+def test_a_queued_checked_step_holds_a_few_stacked_tensors_not_one_per_statistic(seen):
+    model = nn.Sequential(*[m for _ in range(6) for m in (nn.Linear(8, 8), nn.ReLU())], nn.Linear(8, 3))
+    with NeuralDbg(model, every=1, sync_every=4) as dbg:
+        train(model, 2, dbg)
+        checked = dbg._transfer.pending[-1]
+        # the scalars (sums, sums of squares, input, loss) in one tensor; the ReLU maxima in
+        # one; one vector of gradient norms per backward pass
+        assert len(checked.scalars) == 1 and len(checked.vectors) == 2
+        assert checked.n_scalars == checked.scalars[0].numel()
+        assert checked.n_vectors == sum(v.numel() for v in checked.vectors)
+    # read back: the same statistics as a direct computation would give
+    assert all(st.has_out.all() for st in seen)

@@ -77,6 +77,9 @@ class LoopWatch(Measurement):
 
     signatures = (STALE_STEPS, STALE_CHECKED, ORPHAN_PARAMS, ORPHAN_LAYER, DETACHED_PARAMS, DETACHED_LAYER,
                   LOOP_CHECKED, PROB_SHARE_SIG)
+    #: every optimizer step is counted (the stale check asks "stepped since"); the rest waits
+    #: for checked steps
+    unchecked = ("optimizer_post",)
 
     def __init__(self) -> None:
         self._ctx: AddonContext | None = None
@@ -241,6 +244,10 @@ class LoopWatch(Measurement):
             self._prob_yes += sum(f > 0.5 for f in flags)
             self._prob_n += len(flags)
             self._prob_pending = []
+            if self._prob_n >= STALE_WINDOW and self._handle is not None:
+                # the output check is complete: its root hook would only return at once
+                self._handle.remove()
+                self._handle = None
         for e in self._events:
             if e[0] == "bwd":
                 _, oid, stepped, z = e

@@ -67,6 +67,7 @@ class StepSize(Measurement):
     """
 
     signatures = (STEP_RATIO_MEDIAN, STEP_RATIO_MAX, STEP_RATIO_STEPS, LR_PEAK)
+    unchecked = ()  # checked optimizer steps only: the weights are copied before their update
     #: measured optimizer steps kept (memory and copies stay bounded on long runs)
     WINDOW = 16
 

@@ -68,6 +68,8 @@ class TokenWatch(Measurement):
         self._pending[key] = h if prev is None else prev + h  # a shared embedding called twice
         return None
 
+    unchecked = ()  # histograms are taken on checked steps only: nothing to hand over otherwise
+
     def step_closed(self, ctx: AddonContext, step: int, checked: bool) -> None:
         """Hand the histograms to the host once ``sync_every`` checked steps are waiting."""
         if len({s for s, _ in self._pending}) >= ctx.sync_every:
