@@ -102,6 +102,13 @@ class AddonContext(Protocol):
     def measuring(self) -> bool:
         """Whether a training forward of a checked step is running now (what hooks measure)."""
 
+    def checked_only(self, handle: Any, fn: Any) -> None:
+        """Keep the part's hook ``fn`` (registered as ``handle``) out of the model on unchecked
+        steps, with the monitor's own: an unchecked step then calls none of it."""
+
+    def release(self, handle: Any) -> None:
+        """Remove a hook registered with :meth:`checked_only` (it is forgotten by the switch)."""
+
     def report(self, key: tuple, msg: str, level: int = logging.WARNING) -> None:
         """Log ``msg`` once per ``key`` through the ``neuraldbg`` logger."""
 

@@ -118,6 +118,15 @@ class PartContext:
         hooks = self._dbg._hooks
         return not hooks._skip_forward(hooks.buf)
 
+    def checked_only(self, handle: Any, fn: Any) -> None:
+        """Switch the part's hook with the monitor's (out on unchecked steps, ``switch.py``)."""
+        self._dbg._hooks.switch.add(handle, fn)
+
+    def release(self, handle: Any) -> None:
+        """Forget the hook in the switch (or it would be put back), then remove it."""
+        self._dbg._hooks.switch.forget([handle])
+        handle.remove()
+
     def report(self, key: tuple, msg: str, level: int = logging.WARNING) -> None:
         """Log ``msg`` once per ``key``."""
         self._dbg._report(key, msg, level)

@@ -104,6 +104,7 @@ class InputScale(Measurement):
     """Per-feature input RMS of the entry layers on checked steps (see the module docstring)."""
 
     signatures = (INPUT_RMS_MAX, INPUT_RMS_FIRST, INPUT_ABS_MAX, INPUT_OFF_SCALE, INPUT_FEATURES, INPUT_NORMALIZED_AT)
+    unchecked = ()  # its hooks are out of the model on unchecked steps; a step's inputs reset at its close
 
     def __init__(self) -> None:
         self._ctx: AddonContext | None = None
@@ -124,17 +125,22 @@ class InputScale(Measurement):
         """Hook the model's inputs (root and direct children) and every candidate entry layer."""
         self._ctx = ctx
         root = ctx.root
-        self._handles.append(root.register_forward_pre_hook(partial(self._on_model_input, True), with_kwargs=True))
+        # every hook here reads checked forwards only: out of the model on unchecked steps
+        self._handles.append(self._hook(root, partial(self._on_model_input, True), with_kwargs=True))
         for _, child in root.named_children():
             # a loop that calls the sub-networks directly (a GAN, a Lightning module's model) never
             # runs the root's forward: their inputs are then the model's
-            self._handles.append(child.register_forward_pre_hook(partial(self._on_model_input, False),
-                                                                 with_kwargs=True))
+            self._handles.append(self._hook(child, partial(self._on_model_input, False), with_kwargs=True))
         for name, mod in root.named_modules():
             if _owns_matrix(mod) or is_norm(mod):
                 name = name or type(mod).__name__  # the root itself (a bare Linear)
-                self._cand[name] = mod.register_forward_pre_hook(
-                    lambda m, args, name=name: self._guarded(self._on_layer, name, m, args))
+                self._cand[name] = self._hook(mod, lambda m, args, name=name: self._guarded(self._on_layer, name, m,
+                                                                                            args))
+
+    def _hook(self, mod: nn.Module, fn: Any, with_kwargs: bool = False) -> Any:
+        handle = mod.register_forward_pre_hook(fn, with_kwargs=with_kwargs)
+        self._ctx.checked_only(handle, fn)
+        return handle
 
     def _guarded(self, fn: Any, *args: Any) -> None:
         """Run a hook's body; a failure is reported once and turns the measurement off, never
@@ -197,11 +203,11 @@ class InputScale(Measurement):
             self._known = True
             for name, h in list(self._cand.items()):
                 if name not in self._rms and name != self._norm_entry:
-                    h.remove()
+                    ctx.release(h)
                     del self._cand[name]
             if self._root_called:  # the loop calls the root: its children's inputs never count
                 for h in self._handles[1:]:
-                    h.remove()
+                    ctx.release(h)
                 self._handles = self._handles[:1]
         self._inputs = set()
         self._root_called = False
@@ -212,7 +218,7 @@ class InputScale(Measurement):
 
     def _remove(self) -> None:
         for h in self._handles + list(self._cand.values()):
-            h.remove()
+            self._ctx.release(h)
         self._handles, self._cand = [], {}
 
     def summary(self) -> dict[Any, Any]:

@@ -115,6 +115,7 @@ class LoopWatch(Measurement):
         self._ctx = ctx
         self._map(ctx.modules)
         self._handle = ctx.root.register_forward_hook(self._on_output)
+        ctx.checked_only(self._handle, self._on_output)  # it reads checked forwards only
 
     def _map(self, modules: Any) -> None:
         self._mods = modules
@@ -246,7 +247,7 @@ class LoopWatch(Measurement):
             self._prob_pending = []
             if self._prob_n >= STALE_WINDOW and self._handle is not None:
                 # the output check is complete: its root hook would only return at once
-                self._handle.remove()
+                self._ctx.release(self._handle)
                 self._handle = None
         for e in self._events:
             if e[0] == "bwd":
@@ -265,7 +266,7 @@ class LoopWatch(Measurement):
     def exit(self, ctx: AddonContext, exc: BaseException | None) -> None:
         """Remove the output hook; read what waits."""
         if self._handle is not None:
-            self._handle.remove()
+            ctx.release(self._handle)
             self._handle = None
         self.flush(ctx)
 

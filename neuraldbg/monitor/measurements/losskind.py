@@ -87,6 +87,7 @@ class LossKind(Measurement):
     its own: the monitor's ``loss_is_cross_entropy`` asks it when the loss's graph could not tell."""
 
     signatures = ()
+    unchecked = ()  # its hook is out of the model on unchecked steps, and it waits for a checked close
 
     def __init__(self) -> None:
         self._ctx: AddonContext | None = None
@@ -102,6 +103,7 @@ class LossKind(Measurement):
         """Watch the model's output on the first checked steps."""
         self._ctx = ctx
         self._handle = ctx.root.register_forward_hook(self._on_output)
+        ctx.checked_only(self._handle, self._on_output)
 
     def _on_output(self, module: Any, args: Any, output: Any) -> None:
         if torch.compiler.is_compiling():
@@ -143,7 +145,7 @@ class LossKind(Measurement):
 
     def _drop(self) -> None:
         if self._handle is not None:
-            self._handle.remove()
+            self._ctx.release(self._handle)
             self._handle = None
 
     def kind(self) -> bool | None:

@@ -64,6 +64,7 @@ class Schedule(Measurement):
     """
 
     signatures = (LR_FIRST, LR_WARMUP_STEPS, LR_LAST, LR_CHECKED)
+    unchecked = ()  # the rate is read on checked steps only
     #: checked steps whose ``(step, lr)`` is kept in full
     WINDOW = 64
 
