@@ -49,6 +49,8 @@ class TransformerConfig:
     qk_gain: float = 1.0  # attention_collapse multiplies the query/key weights
     unstable: bool = False  # arch_unstable: 4 blocks, no residual connections
     unstable_layers: int = 4
+    norm: bool = True  # arch_unnormalized: False removes every LayerNorm ...
+    unnormalized_layers: int = 16  # ... from a stack this deep
 
 
 # ----------------------------------------------------------------------------------------
@@ -104,9 +106,9 @@ class Block(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         self.residual = cfg.residual and not cfg.unstable
-        self.ln_1 = nn.LayerNorm(cfg.n_embd)
+        self.ln_1 = nn.LayerNorm(cfg.n_embd) if cfg.norm else nn.Identity()
         self.attn = CausalSelfAttention(cfg)
-        self.ln_2 = nn.LayerNorm(cfg.n_embd)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd) if cfg.norm else nn.Identity()
         self.mlp = MLPBlock(cfg)
 
     def forward(self, x: torch.Tensor, pad: torch.Tensor | None = None) -> torch.Tensor:
@@ -123,11 +125,15 @@ class GPT(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        n_layer = cfg.unstable_layers if cfg.unstable else cfg.n_layer
+        n_layer = cfg.n_layer
+        if cfg.unstable:
+            n_layer = cfg.unstable_layers
+        elif not cfg.norm:
+            n_layer = cfg.unnormalized_layers
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(n_layer))
-        self.ln_f = nn.LayerNorm(cfg.n_embd)
+        self.ln_f = nn.LayerNorm(cfg.n_embd) if cfg.norm else nn.Identity()
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying, as in GPT-2
         self.apply(self._init_weights)
@@ -327,6 +333,16 @@ register_injection(Injection(
                 "passing gradient",
     why="only the initial scale of W_q and W_k changed; the collapse is there before any update",
     config=lambda c: replace(c, qk_gain=30.0),
+))
+
+register_injection(Injection(
+    name="arch_unnormalized", archs=TOKEN_ARCHS, truth=("architecture", "unstable"), symptom="worse",
+    layer_of="blocks.0.attn.c_attn",
+    description="16 blocks with every LayerNorm (and the final one) removed: the residual stream "
+                "grows block after block and the healthy learning rate destabilizes it",
+    why="the same optimizer, schedule and init as the healthy run; only the architecture lost "
+        "the normalization a deep pre-LN stack relies on",
+    config=lambda c: replace(c, norm=False),
 ))
 
 register_injection(Injection(

@@ -62,7 +62,8 @@ class DetectorConfig:
     # -- optimizer instability (loss) -----------------------------------------------------
     #: loss steps in the robust reference window for spikes
     spike_window: int = 20
-    #: spike: robust z of log loss (median/MAD) above this ...
+    #: spike: z of log loss above this, against the median of the window's last values and the
+    #: MAD of its step-to-step differences (a falling curve's descent is no noise) ...
     spike_z: float = 6.0
     #: ... and the loss above this multiple of the window median ...
     spike_ratio: float = 2.0

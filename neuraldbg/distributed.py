@@ -359,10 +359,10 @@ def concat_signatures(earlier: Signatures, later: Signatures) -> Signatures:
     """
     from neuraldbg.causal.nodes import signature_table
     from neuraldbg.causal.nodes.run import LR_PEAK
-    from neuraldbg.causal.nodes.causes import STEP_RATIO_MAX, STEP_RATIO_MEDIAN, STEP_RATIO_STEPS
+    from neuraldbg.causal.nodes.causes import STEP_RATIO_MAX, STEP_RATIO_MEDIAN, STEP_RATIO_PEAK, STEP_RATIO_STEPS
 
     table = signature_table()
-    step_size = {STEP_RATIO_MEDIAN.name, STEP_RATIO_MAX.name, STEP_RATIO_STEPS.name}
+    step_size = {STEP_RATIO_MEDIAN.name, STEP_RATIO_MAX.name, STEP_RATIO_PEAK.name, STEP_RATIO_STEPS.name}
     peak_a, peak_b = earlier.number(LR_PEAK), later.number(LR_PEAK)
     later_peak = peak_b is not None and (peak_a is None or peak_b > peak_a) \
         and any(later.value(table[n]) is not None for n in step_size)

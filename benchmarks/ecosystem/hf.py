@@ -101,6 +101,29 @@ def build_llama(b: Build) -> Task:
     return lm_task(_finish(LlamaForCausalLM(cfg), b), b.seed, lr=3e-3)
 
 
+def build_t5(b: Build) -> Task:
+    """A tiny ``T5ForConditionalGeneration`` (T5LayerNorm, relative position buckets, its own
+    init: std ``d_model ** -0.5`` and ``(d_model d_kv) ** -0.5``): the encoder reads the first
+    half of a Markov-chain sequence, the decoder writes the second half (the model shifts
+    ``labels`` right itself)."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    cfg = T5Config(vocab_size=VOCAB, d_model=HIDDEN, d_kv=HIDDEN // HEADS, d_ff=2 * HIDDEN,
+                   num_layers=_layers(b), num_decoder_layers=_layers(b), num_heads=HEADS,
+                   decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    model = _finish(T5ForConditionalGeneration(cfg), b)
+    src = data.MarkovTokens(b.seed, vocab=VOCAB, seq_len=SEQ)
+    half = SEQ // 2
+
+    def batch(n):
+        ids = src.batch(n)
+        return {"input_ids": ids[:, :half].contiguous(), "labels": ids[:, half:].contiguous()}
+
+    return Task(model=model, batch=batch, loss=lambda bt: model(**bt).loss, lr=3e-3,
+                batch_size=16, label_key="labels", token_key="input_ids", token_labels=True,
+                vocab=VOCAB, embed=model.get_input_embeddings(), scheduler=_hf_scheduler)
+
+
 def build_vit(b: Build) -> Task:
     """ViT on 16x16 template images (patch 4: 16 patches + [CLS])."""
     from transformers import ViTConfig, ViTForImageClassification
@@ -136,6 +159,11 @@ ARCHS = [
             input_layer="vit.embeddings.patch_embeddings.projection",
             init_layer="vit.embeddings.patch_embeddings.projection",
             deep_layer="vit.layers.0.attention.q_proj"),
+    EcoArch("hf_t5", "transformer", "transformers", build_t5,
+            "T5ForConditionalGeneration (T5LayerNorm), the second half of a Markov-chain sequence "
+            "from its first",
+            inputs="tokens", target="tokens", input_layer="shared", init_layer="shared",
+            deep_layer="encoder.block.0.layer.0.SelfAttention.q"),
     EcoArch("hf_llama", "transformer", "transformers", build_llama,
             "LlamaForCausalLM (RMSNorm, RoPE, GQA), next-token LM on a Markov chain",
             inputs="tokens", target="tokens", input_layer="model.embed_tokens",

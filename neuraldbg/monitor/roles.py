@@ -118,12 +118,18 @@ class LayerRoles:
         modules = dict(root.named_modules())
         self._roles: dict[str, str] = {}
         self._handles: list[Any] = []
+        #: probed modules by class, and the classes a probe proved to normalize: an instance whose
+        #: own probe could not decide (its input was normalized already, as T5's first decoder
+        #: norm reading unit-variance embeddings) runs the same forward code as its proven peers
+        self._probed: dict[str, type] = {}
+        self._proven: set[type] = set()
         for name, mod in leaves:
             if type(mod).__name__ in NORM_TYPES:
                 self._roles[name] = "norm"
             elif is_attention_qk(name, mod, modules):
                 self._roles[name] = "attn_qk"
             elif per_feature_weight(mod) is not None:
+                self._probed[name] = type(mod)
                 self._handles.append(mod.register_forward_hook(self._probe_hook(name)))
 
     def _probe_hook(self, name: str):
@@ -138,6 +144,7 @@ class LayerRoles:
                         b = getattr(module, "bias", None)
                         if normalizes_last_dim(x, output, w, b if isinstance(b, torch.Tensor) else None):
                             self._roles[name] = "norm"
+                            self._proven.add(type(module))
             except Exception as e:  # noqa: BLE001 - a probe never breaks training
                 log.debug("neuraldbg: norm probe failed on %s: %r", name, e)
         return hook
@@ -156,5 +163,9 @@ class LayerRoles:
         self._handles = []
 
     def role(self, name: str) -> str:
-        """``"norm"``, ``"attn_qk"`` or ``""`` (no special role) for the layer ``name``."""
-        return self._roles.get(name, "")
+        """``"norm"``, ``"attn_qk"`` or ``""`` (no special role) for the layer ``name``; a probed
+        module whose class another instance's probe proved a norm is one too."""
+        role = self._roles.get(name, "")
+        if not role and self._probed.get(name) in self._proven:
+            return "norm"
+        return role

@@ -42,7 +42,7 @@ def test_interface_mirrors_the_zoo():
 
 
 @pytest.mark.parametrize("arch,library", [("torch_lstm", "torch"), ("pyg_gcn", "torch_geometric"),
-                                          ("hf_llama", "transformers")])
+                                          ("hf_llama", "transformers"), ("hf_t5", "transformers")])
 def test_healthy_learns_under_the_monitor(arch, library):
     pytest.importorskip(library)
     r = eco.run(arch, "healthy", seed=0, steps=STEPS, monitor=True, threads=1)
@@ -74,6 +74,19 @@ def test_injection_truth_and_effect(arch, injection, truth, library):
         assert _mean(r.losses[r.onset:r.onset + 5]) > _mean(healthy.losses[r.onset:r.onset + 5]) + 0.5
     else:
         assert r.onset == 0 and r.layer is None
+
+
+def test_t5_norm_layers_are_read_by_role_and_shuffled_targets_do_not_apply():
+    """T5's ``T5LayerNorm`` (no torch norm class) counts as normalization; its decoder learns the
+    target chain from its own prefix, so shuffled target rows are a fault without effect."""
+    pytest.importorskip("transformers")
+    from neuraldbg.causal import api
+
+    r = eco.run("hf_t5", "healthy", seed=0, steps=STEPS, monitor=True, threads=1)
+    assert {li.role for li in r.dbg.trace().layers if li.type == "T5LayerNorm"} == {"norm"}
+    assert api.evidence(r.dbg.trace()).observed["depth_risk"] == "low"
+    with pytest.raises(ValueError, match="valid: healthy"):
+        eco.run("hf_t5", "labels_shuffled")
 
 
 def test_config_faults_on_a_token_model():

@@ -126,6 +126,21 @@ def test_lr_1e8_with_adam_is_a_too_low_learning_rate(seed):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+def test_a_rate_100x_too_high_takes_an_extreme_first_step(seed):
+    """AdamW at 100x under LayerNorm and clipping: the loss may still fall, and the window's
+    median ratio shrinks as the weights grow, but the first updates (read at the peak rate) move
+    the weights by several times their own norm."""
+    from neuraldbg.causal.evidence import extract
+
+    dbg = run(seed, lr=0.3)
+    assert dbg.signatures().as_dict()["step_ratio_peak"] > 1.0
+    assert extract(dbg.trace()).observed["step_size"] == "extreme"
+    assert top(dbg) == ("learning_rate", "too_high"), dbg.get_causal_hypotheses()
+    healthy = run(seed).signatures().as_dict()
+    assert healthy["step_ratio_peak"] < 0.2  # the healthy rate: an order of magnitude inside the cut
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 def test_weights_x100_under_layernorm_are_a_too_large_init(seed):
     dbg = run(seed, gain=100.0)
     assert dbg.signatures().as_dict()["init_scale_log10"] > 1.5

@@ -33,6 +33,16 @@ def test_small_and_tiny_read_the_fastest_layer_large_the_median():
     assert G.step_size_state(5e-5, 2e-4) == "small" and G.step_size_state(5e-5, 5e-5) == "tiny"
 
 
+def test_extreme_reads_the_largest_step_of_the_median_layer():
+    # weights blown up by their first steps shrink the later ratios back into "large": only
+    # the first updates tell a rate 100x too high (12x the weights per step) from a bold healthy one
+    assert G.step_size_state(0.3, 0.5, 12.0) == "extreme"
+    assert G.step_size_state(0.25, 0.4, 0.51) == "large"
+    assert G.step_size_state(0.02, 0.03, 1.01) == "extreme"
+    assert G.step_size_state(0.02, 0.03, 1.0) == "normal"  # the cut itself: one norm per step
+    assert G.step_size_state(0.02, 0.03, None) == "normal"  # not measured: the median decides
+
+
 @pytest.mark.parametrize("f,state", [(None, None), (0.0, "normal"), (0.49, "normal"), (-0.49, "normal"), (0.6, "large"),
                                      (1.5, "large"), (-2.0, "small")])
 def test_init_scale_cut_points(f, state):
@@ -50,6 +60,24 @@ def test_back_to_chance_needs_learning_then_a_return():
     assert not back_to_chance(spike, ref)  # one bad batch is not a return
     blown = [ref] * 10 + [0.3 * ref] * 40 + [40 * ref] * 20
     assert not back_to_chance(blown, ref)  # far above chance: a blow-up, not a label fault
+
+
+def test_a_return_to_chance_is_read_once():
+    """Regression: a loss that learned and then went back to chance (shuffled labels) was read
+    three times -- target_fault "back_to_chance", loss_pattern "flat" and progress "stalled" --
+    and the last two, counted as independent witnesses, blamed causes that never let a run
+    learn (a learning rate too low, the 'unexplained' leak)."""
+    from neuraldbg.causal.nodes.loss import RETURN_PATTERNS
+    ref = math.log(10)
+    tr = trace(losses=[ref] * 10 + [0.3 * ref] * 40 + [ref] * 20, sigs={"out_features": 10})
+    ev = extract(tr)
+    assert ev.observed["target_fault"] == "back_to_chance"
+    assert ev.observed["loss_pattern"] == RETURN_PATTERNS  # "one of the shapes a return draws"
+    assert "progress" not in ev.observed and "went back to chance" in ev.unobserved["progress"]
+    # a run that never learned keeps its flat pattern and its stall
+    never = extract(trace(losses=[ref] * 70, sigs={"out_features": 10}))
+    assert never.observed["target_fault"] == "absent"
+    assert never.observed["loss_pattern"] == "flat" and never.observed["progress"] == "stalled"
 
 
 @pytest.mark.parametrize("first,state", [(2.3, "normal"), (0.5, "normal"), (3.1, "normal"), (9.0, "normal"),

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from neuraldbg.config import DetectorConfig
-from neuraldbg.events.loss import LossInstabilityDetector, is_spike, relative_median_drop, robust_z
+from neuraldbg.events.loss import LossInstabilityDetector, is_spike, relative_median_drop, robust_z, trend_z
 from neuraldbg.events.registry import DetectorContext
 from neuraldbg.events.stepstats import StepStats
 
@@ -13,6 +13,25 @@ def test_robust_z_matches_hand_computation():
     w = [1, 2, 3, 4, 100]  # median 3, MAD 1
     assert math.isclose(robust_z(5, w), 2 / 1.4826)
     assert robust_z(3, [3, 3, 3]) == 0 and robust_z(4, [3, 3, 3]) == math.inf
+
+
+def test_trend_z_matches_hand_computation():
+    # differences 1, 1, 2, 1: median 1, MAD 0; with a 5th: 1, 1, 2, 1, 3 -> MAD 0 still; use noisy ones
+    w = [10.0, 9.0, 8.5, 7.0, 6.5, 5.0]  # differences -1, -0.5, -1.5, -0.5, -1.5: median -1, MAD 0.5
+    sigma = 0.5 * 1.4826 / math.sqrt(2)
+    assert math.isclose(trend_z(8.0, w), (8.0 - 7.0) / sigma)  # the level: median of the last 5 (7.0)
+    assert trend_z(3.0, [3.0, 3.0, 3.0]) == 0 and trend_z(4.0, [3.0, 3.0, 3.0]) == math.inf
+
+
+def test_a_jump_on_a_falling_curve_is_a_spike():
+    """Regression: on a window whose loss halved (a curve still learning), the whole-window MAD
+    counted the descent as noise, and a jump to 4x the current level scored z 4.4 -- no spike
+    (a vocabulary remap on a transformer, its loss 0.5 -> 2.1, read as a healthy run)."""
+    w = [0.86, 0.79, 0.75, 0.8, 0.7, 0.72, 0.77, 0.64, 0.65, 0.67, 0.68, 0.59, 0.43, 0.47, 0.49, 0.53, 0.47,
+         0.52, 0.62, 0.45]
+    assert robust_z(math.log(2.13), [math.log(x) for x in w]) < 6  # the old score
+    assert is_spike(2.13, w, 6, 2)[0]
+    assert not is_spike(0.7, w, 6, 2)[0]  # back up to where it was a few steps ago: noise
 
 
 def test_is_spike_needs_outlier_and_ratio():

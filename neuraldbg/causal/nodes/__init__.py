@@ -48,7 +48,8 @@ def signature_table() -> Mapping[str, Signature]:
     return _TABLE
 
 
-#: names of older session files, read under their current name
+#: names of older session files (versions 1 and 2 only), read under their current name; from
+#: version 3 on ``step_ratio_peak`` is a signature of its own (the median layer's largest step)
 RENAMED: dict[str, str] = {"step_ratio_peak": "step_ratio_median"}
 
 

@@ -28,6 +28,13 @@ Cut points (reasoning in ``docs/causal_model.md``):
   (half the slowest healthy run's fastest layer) but above ``STEP_TINY`` is "small": the weights
   move, too slowly to learn in a short run -- a learning rate 10-100x too low, or a fine-tune at
   a deliberately small rate (which then learns: ``progress`` tells the two apart).
+* ``STEP_EXTREME`` -- "extreme": the median layer's largest update over the window
+  (``step_ratio_peak``; the first updates, read at the peak rate) moves it by more than its own
+  norm in one step. A step that large rewrites the weights each step, in any model: the healthy
+  runs of both suites reach at most 0.51 there (the zoo's small transformer at AdamW 1e-2 with
+  weights of std 0.02), rates 100x too high 1.2..15. Above ``STEP_LARGE`` the window's median
+  no longer tells the two apart: weights blown up by the first steps shrink the later ratios
+  (a 100x rate settles at 0.2..0.5, where a small model at a bold healthy rate sits too).
 * ``INIT_LOG10_CUT`` -- healthy models of both suites sit within 0.05 (log10) of a reference
   scale; ``0.5`` is a factor of 3.2 off *every* reference of the layer, ten times that band.
 * ``ADAPTER_LARGE`` -- LoRA zero-initializes ``B`` so fine-tuning starts at the pre-trained
@@ -67,6 +74,7 @@ STEP_TINY = 1e-4
 STEP_SMALL = 0.004
 STEP_ELEVATED = 0.05
 STEP_LARGE = 0.2
+STEP_EXTREME = 1.0
 INIT_LOG10_CUT = 0.5
 ADAPTER_LARGE = 0.5
 CONFIG_RANGE_FACTOR = 10.0
@@ -87,6 +95,9 @@ STEP_RATIO_MEDIAN = Signature("step_ratio_median", "number", "window", "median",
 STEP_RATIO_MAX = Signature("step_ratio_max", "number", "window", "max",
                            "update/weight ratio per step of the fastest layer, median over the window, "
                            "read at the peak learning rate", lo=0)
+STEP_RATIO_PEAK = Signature("step_ratio_peak", "number", "window", "max",
+                            "update/weight ratio per step of the median layer, largest over the window "
+                            "(the first updates), read at the peak learning rate", lo=0)
 STEP_RATIO_STEPS = Signature("step_ratio_steps", "integer", "window", "min", "optimizer steps measured", lo=0)
 INIT_SCALE_LOG10 = Signature("init_scale_log10", "number", "entry", "median",
                              "median over weight matrices of log10(rms / nearest reference scale) on entry")
@@ -105,24 +116,30 @@ REFERENCE_N = Signature("reference_n", "integer", "run", "min", "reference losse
 REFERENCE_NONFINITE = Signature("reference_nonfinite", "integer", "run", "max",
                                 "reference losses that were not finite", lo=0)
 
-SIGNATURES = (STEP_RATIO_MEDIAN, STEP_RATIO_MAX, STEP_RATIO_STEPS, INIT_SCALE_LOG10, INIT_SCALE_N, CONFIG_INIT_RANGE,
-              ADAPTER_RATIO, ADAPTER_N, REFERENCE_FIRST, REFERENCE_TAIL, REFERENCE_N, REFERENCE_NONFINITE)
+SIGNATURES = (STEP_RATIO_MEDIAN, STEP_RATIO_MAX, STEP_RATIO_PEAK, STEP_RATIO_STEPS, INIT_SCALE_LOG10, INIT_SCALE_N,
+              CONFIG_INIT_RANGE, ADAPTER_RATIO, ADAPTER_N, REFERENCE_FIRST, REFERENCE_TAIL, REFERENCE_N,
+              REFERENCE_NONFINITE)
 
 
-def step_size_state(median_ratio: float | None, max_ratio: float | None = None) -> str | None:
-    """'normal', 'tiny', 'small', 'elevated' or 'large' from the update ratios (``None``: not
-    measured).
+def step_size_state(median_ratio: float | None, max_ratio: float | None = None,
+                    peak_ratio: float | None = None) -> str | None:
+    """'normal', 'tiny', 'small', 'elevated', 'large' or 'extreme' from the update ratios
+    (``None``: not measured).
 
     "Tiny" reads the largest ratio of *any* layer: vanishing gradients shrink the updates of the
     input-side layers under plain SGD, but the output side still moves; a learning rate that
     is too low holds every layer still. "Large" reads the median over layers, so one layer
     with near-zero weights (a fresh bias, a norm offset) cannot make a whole run look large.
+    "Extreme" reads the median layer's largest step over the window (``peak_ratio``): a single
+    update that moves the weights by more than their own norm.
     """
     if median_ratio is None:
         return None
     top = median_ratio if max_ratio is None else max(max_ratio, median_ratio)
     if top < STEP_TINY:
         return "tiny"
+    if peak_ratio is not None and peak_ratio > STEP_EXTREME:
+        return "extreme"
     if median_ratio > STEP_LARGE:
         return "large"
     if median_ratio > STEP_ELEVATED:
@@ -179,13 +196,14 @@ def step_size(view: TraceView) -> Reading | None:
     of the learning rate when the input is off-scale (``input_scale``): its gradients are
     inflated by the input, at any rate."""
     sigs = view.signatures
-    med, top = sigs.number(STEP_RATIO_MEDIAN), sigs.number(STEP_RATIO_MAX)
-    state = step_size_state(med, top)
+    med, top, peak = sigs.number(STEP_RATIO_MEDIAN), sigs.number(STEP_RATIO_MAX), sigs.number(STEP_RATIO_PEAK)
+    state = step_size_state(med, top, peak)
     if state is None:
         return view.unmeasured(STEP_RATIO_MEDIAN, "no optimizer step was measured")
     note = (f"update/weight ratio {med:.3g} per step (median layer"
-            + (f", {top:.3g} in the fastest layer" if top is not None else "") + f"; {state})")
-    if state in ("large", "elevated") and input_scale_state(sigs.number(INPUT_RMS_MAX)) == "large" \
+            + (f", {top:.3g} in the fastest layer" if top is not None else "")
+            + (f", {peak:.3g} at its largest" if peak is not None else "") + f"; {state})")
+    if state in ("large", "elevated", "extreme") and input_scale_state(sigs.number(INPUT_RMS_MAX)) == "large" \
             and not scale_invariant(sigs.value(OPTIMIZER)):
         return Reading(None, (), note, reason=(f"the input is off-scale (feature RMS {sigs.number(INPUT_RMS_MAX):.3g}):"
                                                " its gradients, and so these steps, are inflated at any learning "
@@ -246,17 +264,19 @@ def retention(view: TraceView) -> Reading | None:
 
 NODES = (
     Table(
-        "step_size", ("normal", "tiny", "large", "elevated", "small"), parents=("initialization", "learning_rate"),
+        "step_size", ("normal", "tiny", "large", "elevated", "small", "extreme"),
+        parents=("initialization", "learning_rate"),
         rows=(
-            ({"learning_rate": "too_high"}, (0.075, 0.01, 0.75, 0.16, 0.005)),
-            ({"learning_rate": "too_low"}, (0.08, 0.60, 0.01, 0.01, 0.30)),
-            ({"initialization": "too_small"}, (0.35, 0.05, 0.40, 0.19, 0.01)),
-            ({"initialization": "too_large"}, (0.40, 0.40, 0.05, 0.05, 0.10)),
-            ({}, (0.80, 0.015, 0.015, 0.12, 0.05)),
+            ({"learning_rate": "too_high"}, (0.075, 0.01, 0.35, 0.16, 0.005, 0.40)),
+            ({"learning_rate": "too_low"}, (0.08, 0.60, 0.01, 0.01, 0.295, 0.005)),
+            ({"initialization": "too_small"}, (0.35, 0.05, 0.25, 0.19, 0.01, 0.15)),
+            ({"initialization": "too_large"}, (0.40, 0.40, 0.045, 0.05, 0.10, 0.005)),
+            ({}, (0.80, 0.015, 0.013, 0.12, 0.05, 0.002)),
         ),
         why="The update-to-weight ratio ||w_after - w_before|| / ||w_before|| per layer at its "
             "peak over the run (median over layers): the step size the optimizer actually took. "
-            "A healthy run takes 0.005..0.1 per step. Its only parents are the learning "
+            "A healthy run takes 0.005..0.1 per step; 'extreme' is a first update at the peak "
+            "rate larger than the weights themselves. Its only parents are the learning "
             "rate and the weight scale it is relative to: an adaptive optimizer takes steps of "
             "about lr whatever the weights, so tiny weights read as large steps and huge "
             "weights as tiny ones; the initialization signature tells those apart.",

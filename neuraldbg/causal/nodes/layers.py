@@ -191,12 +191,16 @@ NODES = (
             "signal_decay=uniform": {"init_uniform": 0.45, "init_depth": 0.35, "later": 0.05},
             "instability=training": {"later": 0.25},
             "instability=init": {"later": 0.20},
+            "data=corrupted": {"later": 0.20},
         },
         why="First vanishing-gradient events, by onset phase and by what the forward signal "
             "does at onset: 'init_depth' when layer outputs keep a normal scale (only the "
             "backward signal decays through depth), 'init_uniform' when the outputs are tiny "
             "too (every weight is small; biases often keep outputs normal, hence the weight of "
-            "'init_depth' under 'uniform'). Units killed by a blow-up stop gradients ('later').",
+            "'init_depth' under 'uniform'). Units killed by a blow-up stop gradients ('later'). "
+            "Targets that stop matching their inputs (shuffled labels) leave nothing to fit: "
+            "the model falls back to the label marginal, where the expected gradient is near "
+            "zero, so gradients shrink far below their baseline later in the run.",
         extract=vanishing,
     ),
     NoisyMax(

@@ -122,6 +122,31 @@ def loss_pattern_of(view: TraceView) -> Reading:
     return view.memo("loss_pattern", loss_pattern)
 
 
+#: the patterns a return to chance level draws (a jump back up, then a plateau at chance)
+RETURN_PATTERNS = ("slow", "flat", "spike", "divergence")
+
+
+def _returned_to_chance(view: TraceView) -> bool:
+    """Whether ``target_fault`` reads a return to chance level (read once per view)."""
+    from neuraldbg.causal.nodes.data import target_fault  # data.py builds on this module
+    r = view.memo("target_fault", target_fault)
+    return r is not None and r.state == "back_to_chance"
+
+
+def loss_pattern_reading(view: TraceView) -> Reading | None:
+    """The ``loss_pattern`` evidence: :func:`loss_pattern`, except after a return to chance level.
+
+    A loss that learned and then went back to chance (``target_fault``) draws a jump and a
+    plateau; read again here as "spike" or "flat" it would count the same curve twice, as two
+    independent witnesses. The pattern is then the partial observation "one of the shapes a
+    return draws" (:data:`RETURN_PATTERNS`), which excludes a steadily falling loss and a
+    non-finite one and leaves the return itself to ``target_fault``."""
+    r = loss_pattern_of(view)
+    if r is None or r.state not in RETURN_PATTERNS or not _returned_to_chance(view):
+        return r
+    return Reading(RETURN_PATTERNS, r.support, f"{r.note} (the return to chance level target_fault reads)")
+
+
 def _game_pattern(trace: Trace, div: list[Event], spikes: list[Event]) -> Reading:
     """The loss pattern of a two-player game or an RL objective: spikes and swings are the
     game, not instability; only a loss that leaves ``GAME_BAND`` times its starting level is
@@ -196,6 +221,12 @@ def progress(view: TraceView) -> Reading | None:
         return Reading(None, reason=f"fewer than {MIN_LOSS_POINTS} finite losses, or no positive reference")
     ratio, ref, what = got
     state = "stalled" if ratio >= STALLED else "learning"
+    if state == "stalled" and _returned_to_chance(view):
+        # the run learned, then its loss went back to chance: the stall is that return, which
+        # target_fault reads; as "not learning" it would be counted twice (and blamed on causes
+        # that never let a run learn: a learning rate too low, a decayed signal)
+        return Reading(None, reason=(f"the loss learned, then went back to chance ({ratio:.2f}x {what}): "
+                                     "the stall is that return, read by target_fault"))
     return Reading(state, (), f"the loss ends at {ratio:.2f}x {what} ({ref:.3g}) after {trace.loss.n} steps")
 
 
@@ -233,7 +264,7 @@ NODES = (
         },
         why="The loss curve, as one variable so spike/divergence/NaN loss are one observation. "
             "States are ordered by precedence: the worst pattern seen is the one observed.",
-        extract=loss_pattern,
+        extract=loss_pattern_reading,
     ),
     NoisyMax(
         "loss_start", ("normal", "high"),

@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 import torch
 
-from neuraldbg.causal.nodes.causes import STEP_RATIO_MAX, STEP_RATIO_MEDIAN, STEP_RATIO_STEPS
+from neuraldbg.causal.nodes.causes import STEP_RATIO_MAX, STEP_RATIO_MEDIAN, STEP_RATIO_PEAK, STEP_RATIO_STEPS
 from neuraldbg.causal.nodes.run import LR_PEAK
 from neuraldbg.lifecycle import AddonContext, Measurement
 from neuraldbg.monitor.measurements import register_measurement
@@ -66,7 +66,7 @@ class StepSize(Measurement):
     healthy run look slow. :meth:`summary` reads them with one host transfer.
     """
 
-    signatures = (STEP_RATIO_MEDIAN, STEP_RATIO_MAX, STEP_RATIO_STEPS, LR_PEAK)
+    signatures = (STEP_RATIO_MEDIAN, STEP_RATIO_MAX, STEP_RATIO_PEAK, STEP_RATIO_STEPS, LR_PEAK)
     unchecked = ()  # checked optimizer steps only: the weights are copied before their update
     #: measured optimizer steps kept (memory and copies stay bounded on long runs)
     WINDOW = 16
@@ -152,7 +152,8 @@ class StepSize(Measurement):
     def summary(self) -> dict[Any, Any]:
         """``step_ratio_median`` (per-step median over layers) and ``step_ratio_max`` (the fastest
         layer), each the median over the window of ``ratio / lr`` read at the peak learning rate
-        (the plain median of ratios when the learning rate is unknown); ``step_ratio_steps`` and
+        (the plain median of ratios when the learning rate is unknown); ``step_ratio_peak``, the
+        largest per-step median over the window, read the same way; ``step_ratio_steps`` and
         ``lr_peak``. One host transfer."""
         out: dict[Any, Any] = {}
         if self.lr_peak is not None:
@@ -168,6 +169,10 @@ class StepSize(Measurement):
             if vals:
                 vals.sort()
                 out[sig] = vals[len(vals) // 2]
+                if sig is STEP_RATIO_MEDIAN:
+                    # the first updates, before weights that a rate far too high blew up shrink the
+                    # later ratios back (see causes.STEP_EXTREME)
+                    out[STEP_RATIO_PEAK] = vals[-1]
         return out
 
     def gaps(self) -> dict[Any, str]:
@@ -181,11 +186,11 @@ class StepSize(Measurement):
                    "does not measure")
         else:
             why = "the model has no weight matrix to measure the step size on"
-        return {sig: why for sig in (STEP_RATIO_MEDIAN, STEP_RATIO_MAX, STEP_RATIO_STEPS)}
+        return {sig: why for sig in (STEP_RATIO_MEDIAN, STEP_RATIO_MAX, STEP_RATIO_PEAK, STEP_RATIO_STEPS)}
 
     def steps(self) -> dict[Any, int]:
         """The window's values are known from its last measured step on (a timeline cut before
         it does not see them)."""
         if not self._at:
             return {}
-        return {STEP_RATIO_MEDIAN: self._at[-1], STEP_RATIO_MAX: self._at[-1], STEP_RATIO_STEPS: self._at[-1]}
+        return {sig: self._at[-1] for sig in (STEP_RATIO_MEDIAN, STEP_RATIO_MAX, STEP_RATIO_PEAK, STEP_RATIO_STEPS)}

@@ -144,3 +144,30 @@ def test_per_feature_weight_and_norm_role():
     norms = [LayerInfo(f"n{i}", "MyRMSNorm", 2 * i + 1, 10, role="norm") for i in range(14)]
     assert depth_risk_state(make_trace(layers=deep + norms)) == "low"
     assert depth_risk_state(make_trace(layers=deep + [LayerInfo(n.name, n.type, n.index, 10) for n in norms])) == "deep"
+
+
+def test_an_inconclusive_probe_takes_the_role_its_class_was_proven_to_have():
+    """Regression: T5's first decoder norm reads the unit-variance token embeddings, already
+    normalized, so its own probe cannot tell it from identity; its peers of the same class,
+    reading unnormalized residual streams, prove the class normalizes."""
+    from neuraldbg.monitor.roles import LayerRoles
+
+    class MyRMSNorm(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(d))
+
+        def forward(self, x):
+            return self.weight * x / x.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
+
+    first, later, scale = MyRMSNorm(8), MyRMSNorm(8), nn.Linear(8, 8)
+    roles = LayerRoles(nn.Sequential(first, scale, later), [("0", first), ("1", scale), ("2", later)])
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 8, generator=g)
+    x = x / x.pow(2).mean(-1, keepdim=True).sqrt()  # rows of RMS 1 exactly: inconclusive
+    first(x)
+    assert roles.role("0") == ""                       # nothing proven yet
+    later(5.0 * torch.randn(16, 8, generator=g))       # a stream off the unit scale: proven
+    assert roles.role("2") == "norm" and roles.role("0") == "norm"
+    assert roles.role("1") == ""                       # a Linear is never probed
+

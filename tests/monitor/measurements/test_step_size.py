@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from neuraldbg.causal.nodes.causes import STEP_RATIO_MAX, STEP_RATIO_MEDIAN, STEP_RATIO_STEPS
+from neuraldbg.causal.nodes.causes import STEP_RATIO_MAX, STEP_RATIO_MEDIAN, STEP_RATIO_PEAK, STEP_RATIO_STEPS
 from neuraldbg.monitor.measurements import step_size as G
 from neuraldbg.monitor.measurements.weights import weight_census
 
@@ -29,10 +29,10 @@ def test_probed_weights_are_nonzero_weight_matrices():
     assert owner == {id(a.weight): "a"}
 
 
-def _train(opt_cls, lr, steps=5, checked=True):
+def _train(opt_cls, lr, steps=5, checked=True, act=nn.ReLU):
     """A StepSize measurement driven through its lifecycle by hand (no monitor)."""
     torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    m = nn.Sequential(nn.Linear(8, 16), act(), nn.Linear(16, 4))
     opt = opt_cls(m.parameters(), lr=lr)
     ctx = SimpleNamespace(root=m, census=weight_census(m.named_modules()), step=0, is_primary=lambda o: o is opt)
     probe = G.StepSize()
@@ -58,6 +58,20 @@ def test_probe_reads_the_adam_step_size():
     assert probe.steps()[STEP_RATIO_MEDIAN] == 4  # known once the last measured step is done
     tiny = _train(torch.optim.Adam, 1e-8)[0].summary()
     assert tiny[STEP_RATIO_MAX] < 1e-6
+
+
+def test_peak_is_adams_first_step_lr_over_the_weights_rms():
+    """Adam's first update moves every element by lr exactly (|m_hat / sqrt(v_hat)| = 1), and no
+    later one by more: the window's largest median-layer ratio is lr / rms(w) of the lower
+    median layer at entry (two layers: torch's median is the lower of the two)."""
+    torch.manual_seed(0)
+    rms = [w.pow(2).mean().sqrt().item() for w in
+           (nn.Linear(8, 16).weight, nn.Tanh(), nn.Linear(16, 4).weight) if isinstance(w, torch.Tensor)]
+    lr = 1e-3
+    probe, _ = _train(torch.optim.Adam, lr, act=nn.Tanh)  # Tanh: every weight gets a gradient
+    s = probe.summary()
+    assert s[STEP_RATIO_PEAK] == pytest.approx(min(lr / r for r in rms), rel=1e-3)
+    assert s[STEP_RATIO_PEAK] >= s[STEP_RATIO_MEDIAN]
 
 
 def test_probe_copies_nothing_on_unchecked_steps_and_is_bounded():
