@@ -72,6 +72,14 @@ def suggested_fix(trace: Trace, ev: Evidence, cause: str, state: str, layer: str
         return (f"Re-initialize {at} with Kaiming/Xavier at the default scale; the oversized "
                 "weights blow up the forward pass from the first step.")
     if (cause, state) == ("data", "corrupted"):
+        fault = ev.observed.get("target_fault")
+        if fault == "back_to_chance":
+            return ("Check the targets: the loss learned, then went back to chance level, as when labels stop "
+                    "matching their inputs (shuffled, misaligned or relabelled batches); verify that the "
+                    "dataset and the collate function keep every input with its own label.")
+        if fault == "nonfinite_loss_first":
+            return (f"Filter non-finite targets{when}: the loss turned NaN/Inf while every input and layer "
+                    "output was finite (check the labels or regression targets, e.g. torch.isfinite(y).all()).")
         return (f"Drop or repair the NaN/Inf batch{when} (filter non-finite samples in the data "
                 f"pipeline or apply torch.nan_to_num) before it reaches {at}.")
     if (cause, state) == ("data", "shifted"):

@@ -74,6 +74,13 @@ def _failure_events(trace: Trace, failure_type: str) -> list[Event]:
     return sorted((e for e in trace.events if (e.type, e.kind) in pairs), key=_event_key(trace))
 
 
+def _state_text(value: str | tuple[str, ...] | None) -> str:
+    """An observed state for a sentence: ``'flat'``, or ``one of 'slow', 'flat'`` for a partial one."""
+    if isinstance(value, tuple):
+        return "one of " + ", ".join(repr(v) for v in value)
+    return repr(value)
+
+
 def _abnormal(value: str | tuple[str, ...], var: str) -> bool:
     normal = _NORMAL.get(var)
     return normal is None or (value != normal if isinstance(value, str) else normal not in value)
@@ -221,7 +228,8 @@ def chain(trace: Trace, post: Posterior, net: CompiledNetwork, ev: Evidence, fai
     if not events:
         why = f"no {failure_type} event in this trace"
         if failure_observed(trace, ev, failure_type):
-            why += f" (the loss curve reads {ev.observed.get('loss_pattern')!r}, but no event marks where it started)"
+            why += (f" (the loss curve reads {_state_text(ev.observed.get('loss_pattern'))}, but no event marks "
+                    "where it started)")
         return CausalChain(failure_type, None, None, 0.0, None, (), reason=why)
     key = _event_key(trace)
     cands = explaining(trace, post, net, ev, failure_type)

@@ -170,6 +170,7 @@ def test_adapters_that_start_nonzero_are_a_too_large_init(seed):
 def test_a_nan_target_is_corrupted_data_not_the_learning_rate(seed):
     dbg = run(seed, regression=True, fault="nan_target")
     assert top(dbg) == ("data", "corrupted"), dbg.get_causal_hypotheses()
+    assert dbg.get_causal_hypotheses()[0].suggested_fix.startswith("Filter non-finite targets")
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -184,6 +185,9 @@ def test_labels_shuffled_return_the_loss_to_chance(seed):
 def test_labels_shuffled_after_a_healthy_start_are_corrupted_data(seed):
     dbg = run(seed, fault="shuffle")
     assert top(dbg) == ("data", "corrupted"), dbg.get_causal_hypotheses()
+    # the fix names the labels, not a NaN batch (regression: it read "Drop or repair the NaN/Inf batch")
+    fix = dbg.get_causal_hypotheses()[0].suggested_fix
+    assert fix.startswith("Check the targets") and "NaN" not in fix
 
 
 @pytest.mark.parametrize("factor,state", [(100.0, "too_large"), (0.01, "too_small")])

@@ -74,6 +74,8 @@ def test_a_return_to_chance_is_read_once():
     assert ev.observed["target_fault"] == "back_to_chance"
     assert ev.observed["loss_pattern"] == RETURN_PATTERNS  # "one of the shapes a return draws"
     assert "progress" not in ev.observed and "went back to chance" in ev.unobserved["progress"]
+    from neuraldbg.causal import api
+    assert "reads one of 'slow', 'flat', 'spike', 'divergence'" in api.causal_chain(tr, "data_anomaly").reason
     # a run that never learned keeps its flat pattern and its stall
     never = extract(trace(losses=[ref] * 70, sigs={"out_features": 10}))
     assert never.observed["target_fault"] == "absent"
