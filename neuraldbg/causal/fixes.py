@@ -60,6 +60,8 @@ def suggested_fix(trace: Trace, ev: Evidence, cause: str, state: str, layer: str
             return (f"Add warm-up: ramp the learning rate linearly from 0 to its peak{_lr_text(trace)} over the "
                     "first 5-10% of the steps (e.g. transformers' get_linear_schedule_with_warmup); a deep "
                     "post-norm stack cannot take its peak rate from the first step.")
+        if layer is None and step is None:  # no blow-up to point at: the step size alone says it
+            return f"Lower the learning rate about 10x{_lr_text(trace)} or add warm-up and gradient clipping."
         return (f"Lower the learning rate about 10x{_lr_text(trace)} or add warm-up and gradient "
                 f"clipping; the blow-up starts{when} in {at}.")
     if (cause, state) == ("learning_rate", "too_low"):

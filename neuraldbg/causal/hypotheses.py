@@ -55,8 +55,11 @@ DEFAULT_FAILURE: dict[tuple[str, str], str] = {
     ("unexplained", "not_learning"): "optimizer_instability",
 }
 #: Variables whose reading is itself the finding when no event backs a hypothesis (its note is
-#: the sentence), most telling first
-_NOTE_VARS = ("stale_grads", "orphan_params", "detached", "loss_input", "input_scale", "retention", "progress")
+#: the sentence), most telling first: the loop's and the input's own signatures, a forgotten
+#: reference; then the root causes' signatures (a 100x rate that still learns shows only
+#: there), the one that favours the hypothesis most; then the stall
+_NOTE_VARS = ("stale_grads", "orphan_params", "detached", "loss_input", "input_scale", "retention")
+_SIGNATURE_NOTE_VARS = ("step_size", "init_scale", "warmup", "target_fault")
 #: The layer a loop bug names, read from its signature
 _LAYER_SIGNATURE = {("training_loop", "params_not_in_optimizer"): ORPHAN_LAYER,
                     ("training_loop", "graph_detached"): DETACHED_LAYER}
@@ -135,7 +138,7 @@ def build(trace: Trace, post: Posterior, net: CompiledNetwork, ev: Evidence, cau
     rank = first.rank if first is not None else None
     fix = suggested_fix(trace, ev, cause, state, origin, onset)
     text = describe(cause, state, p, failure_type, origin, onset, rank)
-    noted = next((v for v in _NOTE_VARS if v in sup and v in ev.notes), None) if first is None else None
+    noted = _noted(sup, ev) if first is None else None
     if noted == "retention":  # nothing in the loop shows it: the reference does
         text = (f"{cause} is {state.replace('_', ' ')} (p={p:.2f}): the run forgot its reference task "
                 f"({ev.notes['retention']}).")
@@ -149,6 +152,15 @@ def build(trace: Trace, post: Posterior, net: CompiledNetwork, ev: Evidence, cau
     return Hypothesis(cause=cause, state=state, probability=p, failure_type=failure_type,
                       origin_layer=origin, onset_step=onset, evidence=tuple(events),
                       suggested_fix=fix, description=text, origin_rank=rank)
+
+
+def _noted(sup: Mapping[str, float], ev: Evidence) -> str | None:
+    """The variable whose note is the sentence of a hypothesis no event backs (see _NOTE_VARS)."""
+    noted = next((v for v in _NOTE_VARS if v in sup and v in ev.notes), None)
+    if noted is None:
+        sigs = [(sup[v], v) for v in _SIGNATURE_NOTE_VARS if v in sup and v in ev.notes]
+        noted = max(sigs)[1] if sigs else ("progress" if "progress" in sup and "progress" in ev.notes else None)
+    return noted
 
 
 def _data_entry(ev: Evidence) -> int | None:

@@ -136,6 +136,9 @@ def test_a_rate_100x_too_high_takes_an_extreme_first_step(seed):
     assert dbg.signatures().as_dict()["step_ratio_peak"] > 1.0
     assert extract(dbg.trace()).observed["step_size"] == "extreme"
     assert top(dbg) == ("learning_rate", "too_high"), dbg.get_causal_hypotheses()
+    # no event backs it: the sentence is the step size itself, and the fix claims no blow-up
+    h = dbg.get_causal_hypotheses()[0]
+    assert "at its largest; extreme" in h.description and "blow-up" not in h.suggested_fix
     healthy = run(seed).signatures().as_dict()
     assert healthy["step_ratio_peak"] < 0.2  # the healthy rate: an order of magnitude inside the cut
 
