@@ -20,18 +20,28 @@ def _median(values: Sequence[float]) -> float:
     return statistics.median(values)
 
 
+def _sigma(values: Sequence[float]) -> float:
+    """Robust standard deviation of ``values``: their MAD x 1.4826 (0 for fewer than one)."""
+    if not values:
+        return 0.0
+    med = _median(values)
+    return _median([abs(x - med) for x in values]) * MAD_TO_SIGMA
+
+
+def _z(diff: float, sigma: float) -> float:
+    """``diff / sigma``; with zero spread +/-inf for any difference and 0 for none."""
+    if sigma == 0.0:
+        return 0.0 if diff == 0 else math.copysign(math.inf, diff)
+    return diff / sigma
+
+
 def robust_z(value: float, window: Sequence[float]) -> float:
     """Robust z-score of ``value`` against ``window``: (value - median) / (1.4826 * MAD).
 
     A window with zero spread gives +/-inf for any different value and 0 for an equal one.
     """
     w = [float(x) for x in window]
-    med = _median(w)
-    mad = _median([abs(x - med) for x in w]) * MAD_TO_SIGMA
-    diff = value - med
-    if mad == 0.0:
-        return 0.0 if diff == 0 else math.copysign(math.inf, diff)
-    return diff / mad
+    return _z(value - _median(w), _sigma(w))
 
 
 #: trailing values of the window whose median is the level a new loss is compared with
@@ -50,16 +60,9 @@ def trend_z(value: float, window: Sequence[float], level_points: int = LEVEL_POI
     """
     w = [float(x) for x in window]
     tail = w[-max(1, min(level_points, len(w))):]
-    diff = value - _median(tail)
-    d = [b - a for a, b in zip(w, w[1:])]
-    if d:
-        md = _median(d)
-        sigma = _median([abs(x - md) for x in d]) * MAD_TO_SIGMA / math.sqrt(2.0)
-    else:
-        sigma = 0.0
-    if sigma == 0.0:
-        return 0.0 if diff == 0 else math.copysign(math.inf, diff)
-    return diff / sigma
+    # a difference of two independent values has sqrt(2) times their spread
+    sigma = _sigma([b - a for a, b in zip(w, w[1:])]) / math.sqrt(2.0)
+    return _z(value - _median(tail), sigma)
 
 
 def is_spike(loss: float, window: Sequence[float], z: float, ratio: float) -> tuple[bool, float]:

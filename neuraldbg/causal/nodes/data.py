@@ -153,6 +153,12 @@ def back_to_chance(values: Sequence[float], reference: float) -> bool:
     return min(lows) < LEARNED * reference and BACK * reference < tail < CEILING * reference
 
 
+def target_fault_of(view: TraceView) -> Reading | None:
+    """:func:`target_fault` of ``view``, read once per view (``loss_pattern`` and ``progress``
+    consult it: a return to chance is read by this node only)."""
+    return view.memo("target_fault", target_fault)
+
+
 def target_fault(view: TraceView) -> Reading | None:
     """Faults in the targets the input statistics cannot see: a loss turned non-finite while the
     run was calm and every monitored input and output finite, or a return to chance level."""
@@ -247,6 +253,6 @@ NODES = (
             "non-finite while every monitored input and layer output at that step was finite "
             "(a NaN or Inf target), or the loss, after having learned, went back to its "
             "chance level and stayed there (labels shuffled or misaligned).",
-        extract=target_fault,
+        extract=target_fault_of,
     ),
 )

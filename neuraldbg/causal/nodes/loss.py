@@ -128,8 +128,8 @@ RETURN_PATTERNS = ("slow", "flat", "spike", "divergence")
 
 def _returned_to_chance(view: TraceView) -> bool:
     """Whether ``target_fault`` reads a return to chance level (read once per view)."""
-    from neuraldbg.causal.nodes.data import target_fault  # data.py builds on this module
-    r = view.memo("target_fault", target_fault)
+    from neuraldbg.causal.nodes.data import target_fault_of  # data.py builds on this module
+    r = target_fault_of(view)
     return r is not None and r.state == "back_to_chance"
 
 
