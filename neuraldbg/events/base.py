@@ -95,8 +95,21 @@ def _freeze_values(values: Mapping[str, float] | Iterable[tuple[str, float]]) ->
     return tuple(sorted((str(k), float(v)) for k, v in items))
 
 
+#: the valid (type, kind) pairs, for make_event's direct path
+_VALID_KINDS = frozenset((t, k) for t, kinds in EVENT_KINDS.items() for k in kinds)
+
+
 def make_event(type: str, kind: str, layer: str | None, step: int, severity: float,
                values: Mapping[str, float] | None = None, **kw: Any) -> Event:
     """Build an :class:`Event` from a values dict (detectors' shorthand)."""
-    return Event(type=type, kind=kind, layer=layer, step=int(step), severity=float(severity),
-                 values=_freeze_values(values or {}), **kw)
+    if kw or (type, kind) not in _VALID_KINDS:  # the validating constructor names what is valid
+        return Event(type=type, kind=kind, layer=layer, step=int(step), severity=float(severity),
+                     values=_freeze_values(values or {}), **kw)
+    # valid by construction (a known kind, end_step = step, count 1): the frozen dataclass's
+    # __init__ and checks cost more than the rest of a hit, and a condition that persists on
+    # every layer of a deep stack is one hit per layer per check
+    ev = object.__new__(Event)
+    step = int(step)
+    ev.__dict__.update(type=type, kind=kind, layer=layer, step=step, end_step=step, count=1,
+                       severity=float(severity), values=_freeze_values(values or {}), rank=None)
+    return ev

@@ -154,6 +154,8 @@ class Parts:
         # the step hooks' receivers on an unchecked step: the parts that ask for them there
         self._unchecked = {h: [p for p in self._by_hook[h] if p.unchecked is None or h in p.unchecked]
                            for h in STEP_HOOKS}
+        #: whether a part asks for step_started or step_closed on unchecked steps
+        self.hears_unchecked_steps = bool(self._unchecked["step_started"] or self._unchecked["step_closed"])
         #: id(part) -> what its first failure was (its signatures then read "a monitor error")
         self.failed: dict[int, str] = {}
 

@@ -1,13 +1,18 @@
 """The monitor's hooks: registration, the callbacks, the per-step buffer they fill, module swaps.
 
 Hooks observe, they never patch ``forward``. On a checked step each module output costs a
-few reductions on the device under ``torch.no_grad()`` (:mod:`neuraldbg.monitor.stats`) and
-every parameter gradient of one backward pass is measured at once, by one
-``torch._foreach_norm`` queued to run when that backward ends (after accumulation, before
-clipping or the optimizer). On an unchecked step the module and parameter hooks are out of
-the model (:mod:`neuraldbg.monitor.switch`) and the root's input hook only reads tensor
-metadata. Nothing is moved to the host per hook. A callback never raises into training: a
-failure is reported once and, for a module's output, disables that module's statistics.
+few reductions on the device under ``torch.no_grad()`` (:mod:`neuraldbg.monitor.stats`). A
+small output is not reduced in its hook: the hook keeps a reference and the outputs held are
+measured together when the forward ends (:meth:`ModuleHooks.flush`), stacked by shape, so a
+hundred layers of one shape cost a few kernels instead of a few hundred. An output that a later
+op writes into in place (``ReLU(inplace=True)`` after a ``Linear``) would be read changed: its
+tensor version counter tells, and such a module is measured in its hook. Every parameter
+gradient of one backward pass is measured at once, by one ``torch._foreach_norm`` queued to
+run when that backward ends (after accumulation, before clipping or the optimizer). On an
+unchecked step the module and parameter hooks are out of the model
+(:mod:`neuraldbg.monitor.switch`) and the root's input hook only reads tensor metadata.
+Nothing is moved to the host per hook. A callback never raises into training: a failure is
+reported once and, for a module's output, disables that module's statistics.
 
 A statistic over zero elements is *missing*, not zero: an output without elements records
 no value (and the parameter gradients of a module that only saw empty inputs in a step are
@@ -31,6 +36,13 @@ from neuraldbg.monitor.records import (INPUT, INPUT_SLOT, OUT, Spec, StepBuffer,
 from neuraldbg.monitor.switch import ALWAYS, EVERY_GROUP, HookSwitch
 
 log = logging.getLogger("neuraldbg")
+
+#: outputs of at most this many elements are held to the end of the forward and measured
+#: together (:meth:`ModuleHooks.flush`); a larger one is reduced in its hook, where its own
+#: kernels cost more than the call, and holding it would hold its memory
+DEFER_NUMEL = 16384
+#: elements held before a batched measurement runs mid-forward (bounds the memory held)
+FLUSH_NUMEL = 1 << 21
 
 
 def _input_records(slot: int, tensors) -> list[tuple]:
@@ -72,6 +84,11 @@ class ModuleHooks:
         self.switch = HookSwitch()  # takes the hooks out of the model on unchecked steps
         # the sub-network entry hooks: out on unchecked steps, and once the root's forward ran
         self.entries = HookSwitch()
+        # whether a checked step puts them in: until a checked forward ran the root (a loop that
+        # calls the root never needs them; putting them in and out again costs a dict operation
+        # per child per check, a few hundred for a flat Sequential), and again after a checked
+        # forward that did not run it (that step's model input is then read from the next check)
+        self.entries_needed = True
         self.modules = monitored_modules(root)
         #: rotating shares of the output hooks (1: every module on every checked step), fixed
         #: on entry from the module count (DetectorConfig.rotate_modules_above)
@@ -89,6 +106,12 @@ class ModuleHooks:
         self._pending: tuple | None = None  # (buffer, [param index], [grad]) of the running backward
         self._plans: dict[tuple, tuple] = {}  # parameter indices -> how their norms are batched
         self.buf = StepBuffer(0, True, self.tables)
+        # outputs held for a batched measurement: (spec, output, its version, elements, probe)
+        # of one buffer; a probe is measured already and held only to see whether a later op
+        # writes into it (which decides spec.defer)
+        self._held: list[tuple] = []
+        self._held_buf: StepBuffer | None = None
+        self._held_n = 0
 
     # ---- lifecycle -------------------------------------------------------------------
     def register(self, entries: bool = True) -> None:
@@ -101,6 +124,10 @@ class ModuleHooks:
         """
         _guard_compiled_hooks()
         self.handles.append(self.root.register_forward_pre_hook(self._on_input, with_kwargs=True))
+        # the end of the root's forward measures the outputs held (checked steps only)
+        h = self.root.register_forward_hook(self._on_root_output)
+        self.handles.append(h)
+        self.switch.add(h, self._on_root_output)
         # each child's first monitored layer, in one pass (a lookup per child would be quadratic
         # in the depth of a flat Sequential)
         firsts: dict[str, str] = {}
@@ -125,16 +152,25 @@ class ModuleHooks:
         self.handles.clear()
         self.switch = HookSwitch()
         self.entries = HookSwitch()
+        self._held, self._held_buf, self._held_n = [], None, 0
 
     def start_step(self, step: int) -> None:
         """Start recording ``step`` (measured only when it is a multiple of ``every``); the
         module and parameter hooks are only in the model during checked steps (of a model
         with rotating shares, the output hooks of this check's share)."""
         active = step % self.every == 0
+        self.flush()
         self.buf = StepBuffer(step, active, self.tables)
         if self.handles:
             self.switch.set(active, self.share_of(step))
-            self.entries.set(active)
+            self.entries.set(active and self.entries_needed)
+        self.batch_empty = False
+        self._pending = None
+
+    def next_unchecked(self, step: int) -> None:
+        """Start an unchecked ``step`` after an unchecked step: the hooks are already out, nothing
+        is held, only the buffer is new (:meth:`start_step` without the switches)."""
+        self.buf = StepBuffer(step, False, self.tables)
         self.batch_empty = False
         self._pending = None
 
@@ -152,9 +188,12 @@ class ModuleHooks:
 
         Hooks that fire later in the same step fill a fresh buffer of that step.
         """
+        self.flush()
         buf = self.buf
         if buf.entry and not buf.root_called:  # the sub-networks were the model's entry points
             buf.records.extend(buf.entry)
+        if buf.active and (buf.root_called or buf.n_fwd):
+            self.entries_needed = not buf.root_called
         if buf.empty():
             return None
         self.buf = StepBuffer(buf.step, buf.active, self.tables)
@@ -310,6 +349,20 @@ class ModuleHooks:
             # under torch.compile every Python dict this hook reads is guarded: one that grows
             # (new unit counts, the forward order) would recompile, so those wait for the host
             traced = _is_compiling()
+            defer = spec.defer
+            if defer is not False and not traced and n <= DEFER_NUMEL and type(y) is torch.Tensor:
+                if buf is not self._held_buf:
+                    self.flush()
+                    self._held_buf = buf
+                self._held.append((spec, y, y._version, n, defer is None))
+                self._held_n += n
+                if defer:  # measured at the end of the forward (flush)
+                    buf.n_fwd += 1
+                    if spec.name not in self.order_pos:
+                        self._add_order(spec.name)
+                    if self._held_n > FLUSH_NUMEL:
+                        self.flush()
+                    return None
             # output_stats reads y.detach(): no graph, no grad-mode switch needed
             x = first_tensor(inputs) if spec.kind == "softmax" else None
             vals = S.output_stats(y, spec.kind, sq=spec.sq, bounds=spec.bounds, softmax_dim=spec.dim,
@@ -328,6 +381,69 @@ class ModuleHooks:
             self._fail((spec.name, type(e).__name__), f"statistics of {spec.name} failed and are disabled: {e!r}")
         return None
 
+    def _on_root_output(self, module, inputs, output):
+        self.flush()
+        return None
+
+    def flush(self) -> None:
+        """Measure the outputs held since the last flush, stacked by (kind, shape, dtype,
+        device): one group costs a few kernels whatever its size (:func:`stats.batched_output_stats`).
+
+        An output whose version counter moved since its hook was written into in place by a
+        later op: its values now are not the module's output, so it is not read (missing in
+        this step) and its module is measured in its hook from now on. A probe (a module not
+        yet known to be safe, measured in its hook already) only settles that question.
+        """
+        held, buf = self._held, self._held_buf
+        if not held:
+            return
+        self._held, self._held_n = [], 0
+        try:
+            self._measure_held(held, buf)
+        except Exception as e:  # noqa: BLE001 - this runs inside forward and backward: never raise
+            self._fail(("held outputs", type(e).__name__), f"output statistics failed at step {buf.step}: {e!r}")
+
+    def _measure_held(self, held: list[tuple], buf: StepBuffer) -> None:
+        # grouped by (kind, sum of squares, shape, dtype): outputs on several devices fail to
+        # stack and are measured one at a time; records need no forward order (the host's
+        # layout gathers each layer's statistics by slot)
+        groups: dict[tuple, list[tuple]] = {}
+        for item in held:
+            spec, y, version, _, probe = item
+            if y._version != version:
+                spec.defer = False
+                if not probe:
+                    self._report((spec.name, "inplace"), f"the output of {spec.name} was changed in place "
+                                 "after its module ran: it is measured in its hook from now on, and is "
+                                 f"missing at step {buf.step}", level=logging.DEBUG)
+            elif probe:
+                spec.defer = True
+            else:
+                key = (spec.kind, spec.sq, y.shape, y.dtype)
+                group = groups.get(key)
+                if group is None:
+                    groups[key] = [item]
+                else:
+                    group.append(item)
+        records = buf.records
+        with torch.no_grad():
+            for (kind, sq, *_), items in groups.items():
+                try:
+                    outs = S.batched_output_stats([it[1] for it in items], kind, sq=sq)
+                except Exception:  # noqa: BLE001 - one at a time, each failure its own
+                    outs = [self._measure_one(it[0], it[1]) for it in items]
+                for (spec, _, _, n, _), o in zip(items, outs):
+                    if o is not None:
+                        records.append((spec.relu_slot(o[0].numel()) if kind == "relu" else spec.out, n, o))
+
+    def _measure_one(self, spec: Spec, y: torch.Tensor) -> tuple | None:
+        try:
+            return S.output_stats(y, spec.kind, sq=spec.sq)
+        except Exception as e:  # noqa: BLE001 - the monitor must not raise into training
+            self.disabled.add(spec.name)
+            self._fail((spec.name, type(e).__name__), f"statistics of {spec.name} failed and are disabled: {e!r}")
+            return None
+
     def _on_param_grad(self, pidx, name, param, sharded=False):
         buf = self.buf
         if not buf.active:
@@ -342,6 +458,7 @@ class ModuleHooks:
                 return None
             pend = self._pending
             if pend is None or pend[0] is not buf:
+                self.flush()  # a loop that never ran the root's forward: its outputs, before backward
                 self._capture_scale(buf)
                 pend = self._pending = (buf, [], [])
                 if self.backward_started is not None:

@@ -298,9 +298,26 @@ class NeuralDbg(CausalQueries):
             self._first_loss_seen = True
             self._safe(lambda: setattr(self, "_loss_is_ce", is_cross_entropy(loss)), "loss kind")
         self._hooks.add_loss(value)
-        if not self._user_steps:
+        if not self._user_steps and not self._close_unchecked():
             self._safe(self._close_step, "close")
             self._start_step(self._step + 1)
+
+    def _close_unchecked(self) -> bool:
+        """Close an unchecked step whose next step is unchecked too, in a few operations: its
+        losses queued, a new buffer. False (nothing done) where the full close and start apply:
+        a checked step on either side, anything recorded but losses, or a part that hears
+        unchecked steps."""
+        hooks = self._hooks
+        buf = hooks.buf
+        nxt = self._step + 1
+        if buf.active or nxt % hooks.every == 0 or not buf.only_losses() or self._parts.hears_unchecked_steps:
+            return False
+        self._closed_active = False
+        if buf.losses:
+            self._transfer.push_losses(buf.step, buf.losses)
+        self._step = nxt
+        hooks.next_unchecked(nxt)
+        return True
 
     def _close_step(self) -> None:
         self._closed_active = self._hooks.buf.active

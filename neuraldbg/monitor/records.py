@@ -88,11 +88,15 @@ class StepBuffer:
     def empty(self) -> bool:
         return not (self.records or self.pgrad or self.losses or self.ran_without_grad)
 
+    def only_losses(self) -> bool:
+        """Whether nothing but losses was recorded (an unchecked step's usual content)."""
+        return not (self.records or self.pgrad or self.ran_without_grad or self.entry) and self.scale is None
+
 
 class Spec:
     """What a module's hooks need, looked up once at registration."""
 
-    __slots__ = ("name", "kind", "bounds", "dim", "sq", "layer", "out", "empty", "by_units", "tables")
+    __slots__ = ("name", "kind", "bounds", "dim", "sq", "layer", "out", "empty", "by_units", "tables", "defer")
 
     def __init__(self, name: str, mod: nn.Module, layer: int, tables: Tables) -> None:
         self.name = name
@@ -105,6 +109,10 @@ class Spec:
         self.out = tables.slot(OUT, layer, self.kind, self.sq)
         self.empty = tables.slot(EMPTY, layer)
         self.by_units: dict[int, int] = {}  # ReLU-like: a slot per unit count (divided on the host)
+        #: whether its output statistics may wait for the end of the forward (ModuleHooks.flush):
+        #: None until a checked forward showed whether a later op changes the output in place
+        #: (False then, for good); bounded and softmax outputs are always measured at once
+        self.defer: bool | None = None if self.kind in ("plain", "relu") else False
 
     def relu_slot(self, units: int) -> int:
         """The output slot of a ReLU-like module for outputs of ``units`` units."""
@@ -172,8 +180,10 @@ def monitored_modules(root: nn.Module) -> list[tuple[str, nn.Module]]:
     """Leaf modules plus any module owning parameters directly (e.g. MultiheadAttention)."""
     out = []
     for name, mod in root.named_modules():
-        is_leaf = next(iter(mod.children()), None) is None
-        owns = next(iter(mod.parameters(recurse=False)), None) is not None
+        # the registries children() and parameters(recurse=False) read, read directly: the
+        # generators cost microseconds per module, and this walk runs every few checks
+        is_leaf = not any(m is not None for m in mod._modules.values())
+        owns = any(p is not None for p in mod._parameters.values())
         if is_leaf or owns:
             out.append((name or type(mod).__name__.lower(), mod))
     return out

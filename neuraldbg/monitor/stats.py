@@ -220,6 +220,29 @@ def output_stats(y: torch.Tensor, kind: str, *, sq: bool = True, bounds: tuple[f
     return out
 
 
+def batched_output_stats(ys: list[torch.Tensor], kind: str, *, sq: bool = True) -> list[tuple[torch.Tensor, ...]]:
+    """:func:`output_stats` of several outputs of one shape, dtype and device (``kind``
+    'plain' or 'relu'), stacked and reduced together: a few kernels for the whole list instead
+    of a few per output, the same values (sums and maxima exact, sums of squares to rounding).
+    Each tuple holds views into the stacked results."""
+    if kind not in ("plain", "relu"):
+        raise ValueError(f"batched output statistics cover the kinds 'plain' and 'relu', not {kind!r}")
+    y0 = ys[0]
+    if len(ys) == 1 or (kind == "relu" and y0.dim() <= 1):
+        return [output_stats(y, kind, sq=sq) for y in ys]
+    with torch.no_grad():
+        st = torch.stack([y.detach() for y in ys])
+        flat = st.view(len(ys), -1)
+        acc = _acc(y0)
+        sqs = torch.linalg.vector_norm(flat, dim=1, **acc).square().unbind() if sq else None
+        if kind == "relu":  # per-unit maxima (relu_units), one row per output
+            dims = tuple(d + 1 for d in unit_reduce_dims(y0))
+            first = st.amax(dim=dims).view(len(ys), -1).unbind()
+        else:
+            first = flat.sum(dim=1, **acc).unbind()
+    return list(zip(first, sqs)) if sq else [(f,) for f in first]
+
+
 def input_stats(x: torch.Tensor, host_check: bool | None = None) -> tuple[torch.Tensor, ...]:
     """0-d stats of a model input: ``(sum, norm, finite count, non-NaN count)``.
 

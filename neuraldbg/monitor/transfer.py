@@ -43,12 +43,14 @@ class _Pending:
         self.step = buf.step
         self.checked = buf.active
         records = buf.records
-        self.slots = tuple(r[0] for r in records)
-        # element counts of the records, then the "absent" 0 (see _read)
-        self.ns = np.array([r[1] for r in records] + [0], dtype=np.float64) if records else _NO_COUNTS
+        if records:
+            self.slots = tuple(r[0] for r in records)
+            # element counts of the records, then the "absent" 0 (see _read)
+            self.ns = np.array([r[1] for r in records] + [0], dtype=np.float64)
+        else:  # an unchecked step: this runs once per training step, so it is kept lean
+            self.slots, self.ns = (), _NO_COUNTS
         self.pgrad = buf.pgrad
-        self.floats = [x for x in buf.losses if not isinstance(x, torch.Tensor)]
-        self.tensors = [x for x in buf.losses if isinstance(x, torch.Tensor)]
+        self.floats, self.tensors = _split_losses(buf.losses)
         self.scale = buf.scale
         self.has_bwd = bool(buf.pgrad)
         self.tables = buf.tables
@@ -57,6 +59,18 @@ class _Pending:
         self.scalars: list[torch.Tensor] = []
         self.vectors: list[torch.Tensor] = []
         self.n_scalars = self.n_vectors = 0
+
+    @classmethod
+    def losses_only(cls, step: int, losses: list) -> "_Pending":
+        """An unchecked step that recorded only its losses, queued without a buffer or layout
+        (the common step at ``every > 1``: once per training step, so kept to a few operations)."""
+        p = object.__new__(cls)
+        p.step, p.checked, p.slots, p.ns, p.pgrad, p.scale, p.has_bwd = step, False, (), _NO_COUNTS, (), None, False
+        p.tables, p.ran_without_grad, p.lay, p.vectors, p.n_vectors = None, (), None, [], 0
+        p.floats, p.tensors = _split_losses(losses)
+        p.scalars = [t if t.dim() == 0 else t.reshape(()) for t in p.tensors]
+        p.n_scalars = len(p.scalars)
+        return p
 
     def pack(self, lay: "_Layout | None", records: list[tuple]) -> None:
         """This step's values in flat order (see :class:`_Layout`): the scalars (record values,
@@ -74,15 +88,26 @@ class _Pending:
                 vectors = lay.pick_vectors(vals)
                 vals = lay.pick_scalars(vals)
             scalars = vals
-        scalars.extend(t if t.dim() == 0 else t.reshape(()) for t in self.tensors)
+        for t in self.tensors:
+            scalars.append(t if t.dim() == 0 else t.reshape(()))
         if self.scale is not None:
             scalars.append(self.scale.reshape(()))
         self.n_scalars = len(scalars)
-        self.n_vectors = (lay.relu_len if lay is not None else 0) + sum(v.numel() for _, v in self.pgrad)
+        self.n_vectors = (lay.relu_len if lay is not None else 0) + (
+            sum(v.numel() for _, v in self.pgrad) if self.pgrad else 0)
         if records:
             scalars, vectors = _stacked(scalars, torch.stack), _stacked(vectors, torch.cat)
         self.scalars = scalars
         self.vectors = vectors + [v for _, v in self.pgrad]
+
+
+def _split_losses(losses: list) -> tuple[list, list]:
+    """``(floats, tensors)`` of a step's losses (one loss, the common case, without a scan)."""
+    if len(losses) == 1:
+        one = losses[0]
+        return ([], [one]) if isinstance(one, torch.Tensor) else ([one], [])
+    return ([x for x in losses if not isinstance(x, torch.Tensor)],
+            [x for x in losses if isinstance(x, torch.Tensor)])
 
 
 def _stacked(tensors: list[torch.Tensor], join: Callable) -> list[torch.Tensor]:
@@ -118,6 +143,12 @@ class HostTransfer:
         self.pending.append(p)
         self._checked += buf.active
         if self._checked >= self.sync_every or len(self.pending) >= MAX_PENDING:
+            self.drain()
+
+    def push_losses(self, step: int, losses: list) -> None:
+        """Queue an unchecked step that recorded only losses (see :meth:`_Pending.losses_only`)."""
+        self.pending.append(_Pending.losses_only(step, losses))
+        if len(self.pending) >= MAX_PENDING:
             self.drain()
 
     def drain(self) -> None:

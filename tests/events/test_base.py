@@ -23,3 +23,17 @@ def test_event_is_frozen_hashable_and_round_trips():
         e.step = 3
     with pytest.raises(ValueError, match="unknown event fields"):
         Event.from_dict({**e.to_dict(), "bogus": 1})
+
+
+def test_make_event_builds_the_same_event_as_the_validating_constructor():
+    from neuraldbg.events.base import make_event
+    from neuraldbg.vocab import GRADIENT
+
+    ev = make_event(GRADIENT, "vanishing", "fc1", 12, 2, {"b": 2, "a": 1.5})
+    want = Event(type=GRADIENT, kind="vanishing", layer="fc1", step=12, severity=2.0,
+                 values=(("a", 1.5), ("b", 2.0)))
+    assert ev == want and hash(ev) == hash(want) and ev.end_step == 12 and ev.count == 1 and ev.rank is None
+    assert ev.to_dict() == want.to_dict()
+    with pytest.raises(ValueError, match="valid"):
+        make_event(GRADIENT, "melting", "fc1", 1, 1.0)
+    assert make_event(GRADIENT, "vanishing", None, 3, 1.0, rank=2).rank == 2

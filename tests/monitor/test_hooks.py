@@ -85,9 +85,11 @@ def test_a_checked_step_measures_with_one_foreach_norm_per_backward():
     # one for every parameter gradient at once; two for the step-size probe of the optimizer the
     # monitor found (the weights before the step, the update)
     assert extra["aten._foreach_norm.Scalar"] == 3
-    # no per-parameter squares of the gradients (the old path): the two multiplications are the
-    # step-size probe's, one per weight/update sum of squares it reduces per layer
-    assert extra.get("aten.mul.Tensor", 0) == extra.get("aten.index_add_.default", 0) == 2
+    # no per-parameter squares of the gradients (the old path): of the three multiplications, two
+    # are the step-size probe's (one per weight/update sum of squares it reduces per layer) and
+    # one the input-scale measurement's (the entry layer's input squared, summed per feature)
+    assert extra.get("aten.index_add_.default", 0) == 2
+    assert extra.get("aten.mul.Tensor", 0) == 3
     assert extra.get("aten._local_scalar_dense.default", 0) <= 2  # the CPU input's finiteness check only
 
 
@@ -318,3 +320,88 @@ def test_rotation_follows_the_checked_steps_not_every_step():
     assert [st.step for st in checked] == list(range(0, 40, 5))
     covered = {st.names[i] for st in checked[1:4] for i in st.has_out.nonzero()[0]}
     assert len(covered) == 21
+
+
+class _Bump(nn.Module):
+    """Adds 1 to its input in place when ``on`` (a later op that writes into an earlier output)."""
+
+    def __init__(self):
+        super().__init__()
+        self.on = False
+
+    def forward(self, x):
+        return x.add_(1.0) if self.on else x
+
+
+def _recorded(monkeypatch):
+    seen = []
+    orig = T._to_stepstats
+    monkeypatch.setattr(T, "_to_stepstats", lambda *a: seen.append(orig(*a)) or seen[-1])
+    return seen
+
+
+def test_held_outputs_give_the_statistics_measured_in_each_hook(monkeypatch):
+    from neuraldbg.monitor import hooks as H
+
+    def run(defer):
+        monkeypatch.setattr(H, "DEFER_NUMEL", H.DEFER_NUMEL if defer else 0)
+        seen = _recorded(monkeypatch)
+        torch.manual_seed(0)
+        model = nn.Sequential(*[m for _ in range(6) for m in (nn.Linear(16, 16), nn.ReLU())], nn.Linear(16, 3))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        gen = torch.Generator().manual_seed(1)
+        with NeuralDbg(model) as dbg:
+            for _ in range(4):
+                x = torch.randn(32, 16, generator=gen)
+                opt.zero_grad()
+                loss = F.cross_entropy(model(x), x[:, :3].argmax(dim=1))
+                loss.backward()
+                dbg.record_loss(loss)
+                opt.step()
+        return [st.layers for st in seen if st.names]
+
+    held, hooked = run(True), run(False)
+    assert len(held) == len(hooked) == 4
+    for a, b in zip(held, hooked):
+        assert a.keys() == b.keys()
+        for layer in a:
+            for k in ("out_sum", "out_sumsq", "out_n", "dead_frac"):
+                if k in b[layer]:
+                    assert a[layer][k] == pytest.approx(b[layer][k], rel=1e-5, nan_ok=True), (layer, k)
+
+
+def test_an_output_written_in_place_later_is_read_as_its_module_returned_it(monkeypatch):
+    """Regression: an output held to the end of the forward and changed in place after its
+    module ran (``ReLU(inplace=True)``, or an op that does so only on some steps) was read changed."""
+    seen = _recorded(monkeypatch)
+    torch.manual_seed(0)
+    bump = _Bump()
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(inplace=True), nn.Linear(16, 16), bump, nn.Linear(16, 3))
+    truth = {}
+    for i in (0, 2):
+        model[i].register_forward_hook(lambda m, a, y, i=i: truth.__setitem__(str(i), float(y.detach().sum())))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(1)
+    want = []
+    with NeuralDbg(model) as dbg:
+        for step in range(5):
+            bump.on = step == 2  # the second Linear's output is written into at step 2 only
+            x = torch.randn(16, 8, generator=gen)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), x[:, :3].argmax(dim=1))
+            want.append(dict(truth))
+            loss.backward()
+            dbg.record_loss(loss)
+            opt.step()
+        specs = {n: s for n, s in ((fn.args[0].name, fn.args[0]) for m in model for fn in m._forward_hooks.values()
+                                   if getattr(fn, "args", None))}
+    got = [st.layers for st in seen if st.names]
+    assert len(got) == 5
+    for step, (layers, w) in enumerate(zip(got, want)):
+        # the first Linear's output is rewritten by the in-place ReLU on every step
+        assert layers["0"]["out_sum"] == pytest.approx(w["0"], rel=1e-5)
+        if step == 2:  # held when the write came: missing at that step, never the changed value
+            assert "out_sum" not in layers["2"], layers["2"]
+        else:
+            assert layers["2"]["out_sum"] == pytest.approx(w["2"], rel=1e-5)
+    assert specs["0"].defer is False and specs["2"].defer is False and specs["4"].defer is True

@@ -130,3 +130,34 @@ def test_batched_gradient_norms_equal_the_per_parameter_ones():
     order = [i for pos in (*groups, rest) for i in pos]  # the norms come out group by group
     assert norms.tolist() == pytest.approx([want[i] for i in order], rel=1e-6)
     assert S.grad_norms(grads).tolist() == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(6, 5), (4, 3, 5), (2, 3, 4, 4)])
+@pytest.mark.parametrize("kind,sq", [("plain", True), ("plain", False), ("relu", False), ("relu", True)])
+def test_batched_output_stats_equal_the_per_output_ones(shape, kind, sq):
+    g = torch.Generator().manual_seed(0)
+    ys = [torch.randn(shape, generator=g) for _ in range(5)]
+    if kind == "relu":
+        ys = [y.clamp_min(0) for y in ys]
+        ys[1][..., 0] = 0.0  # a unit that is never on
+    ys[2] = ys[2] * float("nan") if kind == "plain" else ys[2]  # non-finite stays non-finite
+    got = S.batched_output_stats(ys, kind, sq=sq)
+    want = [S.output_stats(y, kind, sq=sq) for y in ys]
+    assert len(got) == len(want)
+    for g_, w in zip(got, want):
+        assert len(g_) == len(w)
+        for a, b in zip(g_, w):
+            assert a.shape == b.shape
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, equal_nan=True)
+
+
+def test_batched_output_stats_of_half_outputs_accumulate_in_float32():
+    ys = [torch.full((64, 64), 60.0, dtype=torch.float16) for _ in range(3)]  # squares sum past fp16's max
+    for s, q in S.batched_output_stats(ys, "plain", sq=True):
+        assert s.dtype == q.dtype == torch.float32
+        assert s.item() == 60.0 * 4096 and q.item() == pytest.approx(3600.0 * 4096, rel=1e-6)
+
+
+def test_batched_output_stats_name_the_kinds_they_cover():
+    with pytest.raises(ValueError, match="'plain' and 'relu'"):
+        S.batched_output_stats([torch.zeros(2, 2)] * 2, "bounded")

@@ -46,18 +46,28 @@ def feature_dim(module: nn.Module, x: torch.Tensor) -> int:
     return x.dim() - 1
 
 
+def _other_dims(x: torch.Tensor, dim: int) -> tuple[int, ...]:
+    return tuple(d for d in range(x.dim()) if d != dim)
+
+
 def feature_rms(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Per-feature RMS of ``x`` over every dimension but ``dim`` (1-d float32, on the device).
     Non-finite entries make their feature's value non-finite: the NaN/Inf readers own those."""
     x = x.detach()
-    xd = x.movedim(dim, 0).reshape(x.shape[dim], -1)
-    return torch.linalg.vector_norm(xd, dim=1, dtype=torch.float32) / math.sqrt(max(1, xd.shape[1]))
+    x = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    # squares summed in place over the other dims: a norm over a strided (non-innermost) dim,
+    # or over a moved copy, runs several times slower on the CPU, on every checked step
+    dims = _other_dims(x, dim)
+    sq = (x * x).sum(dim=dims) if dims else x * x
+    return (sq / max(1, x.numel() // max(1, x.shape[dim]))).sqrt().float()
 
 
 def feature_abs_max(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Per-feature maximum of ``|x|`` over every dimension but ``dim`` (1-d float32)."""
     x = x.detach()
-    return x.movedim(dim, 0).reshape(x.shape[dim], -1).abs().amax(dim=1).float()
+    dims = _other_dims(x, dim)
+    a = x.abs()
+    return (a.amax(dim=dims) if dims else a).float()
 
 
 def running_max(prev: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
