@@ -120,7 +120,11 @@ class InputScale(Measurement):
         self._ctx: AddonContext | None = None
         self._handles: list[Any] = []
         self._cand: dict[str, Any] = {}          # candidate name -> its hook handle
-        self._inputs: set[int] = set()           # storages of the model inputs of this forward
+        # storages of the model inputs of this step -> the input tensor, held to the step's close:
+        # a storage address alone could be recycled by the allocator within the step (an input
+        # freed after its call, a hidden activation allocated at the same address), and that
+        # activation's layer would then read as an entry layer, on some runs and not others
+        self._inputs: dict[int, torch.Tensor] = {}
         self._float_in = False                   # a float model input was seen
         self._int_in = False                     # an integer one (token ids) was seen
         self._rms: dict[str, torch.Tensor] = {}  # entry layer -> running per-feature max RMS
@@ -179,7 +183,7 @@ class InputScale(Measurement):
             elif not t.is_sparse and t.numel() > 0:
                 s = _storage(t)
                 if s is not None:
-                    self._inputs.add(s)
+                    self._inputs[s] = t
                     self._float_in = True
         return None
 
@@ -219,7 +223,7 @@ class InputScale(Measurement):
                 for h in self._handles[1:]:
                     ctx.release(h)
                 self._handles = self._handles[:1]
-        self._inputs = set()
+        self._inputs = {}
         self._root_called = False
 
     def exit(self, ctx: AddonContext, exc: BaseException | None) -> None:

@@ -151,6 +151,31 @@ def test_sub_networks_called_directly_are_the_entry():
     assert dict(dbg.trace().signatures.items())[INPUT_RMS_MAX.name] == pytest.approx(100.0)
 
 
+def test_a_hidden_activation_at_a_freed_input_address_is_not_an_entry():
+    """Regression: the entry layers were found by storage address alone, and an input freed after
+    its call left its address to the allocator: a hidden activation allocated there made its
+    layer an entry layer on some runs and not others (a GAN's input scale read 17 or 529 features
+    from one seed)."""
+    class Pair(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Tanh()  # no weight matrix: never an entry layer itself
+            self.b = nn.Sequential(nn.Tanh(), nn.Linear(64, 64))  # b.1 reads a hidden activation
+
+    model = Pair()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with NeuralDbg(model, optimizer=opt) as dbg:
+        for s in range(4):
+            dbg.step = s
+            h = model.a(1000.0 * torch.randn(32, 64))  # the input is freed when the call returns
+            loss = model.b(h).pow(2).mean()  # b.0's output: a new tensor of the freed input's size
+            opt.zero_grad()
+            loss.backward()
+            dbg.record_loss(loss)
+            opt.step()
+    assert _part(dbg)._rms == {}
+
+
 def test_unchecked_steps_measure_nothing():
     model = nn.Sequential(nn.Linear(3, 2))
     x = torch.ones(4, 3)
