@@ -258,6 +258,10 @@ def test_an_unchecked_step_runs_no_python_of_the_monitor_per_module_or_parameter
     for hook in ("_on_output", "_on_param_grad", "_on_entry"):
         assert deep[f"hooks.py:{hook}"] == 0
     assert sum(deep.values()) < 60  # the per-step bookkeeping only (record_loss, the optimizer hooks)
+    # between two unchecked steps the step closes without a full take/push/start (36 calls, not 54)
+    assert deep["transfer.py:push_losses"] == 1
+    assert deep["hooks.py:take"] == deep["hooks.py:start_step"] == deep["transfer.py:push"] == 0
+    assert sum(deep.values()) < 45
 
 
 def test_a_checked_step_calls_the_entry_hooks_not_at_all_once_the_root_ran():

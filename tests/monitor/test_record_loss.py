@@ -68,6 +68,21 @@ def test_every_accepted_kind_reaches_the_loss_history():
     assert hist == [2.0, 1.5, 1.0, 0.75, 0.5, 0.25]
 
 
+@pytest.mark.parametrize("every", [1, 3, 10])
+def test_every_step_reaches_the_loss_history_in_order_whatever_every(every):
+    """Unchecked steps between unchecked steps take a short close (queued losses, no buffer
+    swap): float and tensor losses still arrive in step order."""
+    m = model()
+    want = []
+    with NeuralDbg(m, every=every) as dbg:
+        for step in range(25):
+            m(torch.randn(3, 4)).sum().backward()
+            value = 0.5 + step
+            dbg.record_loss(torch.tensor(value) if step % 2 else value)
+            want.append((step, value))
+    assert list(dbg.trace().loss.history) == want
+
+
 def test_after_exit_record_loss_raises_and_reentry_says_already_used():
     m = model()
     dbg = NeuralDbg(m)
