@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import sys
 import weakref
+from threading import get_ident
 from functools import partial
 from typing import Any, Callable
 
@@ -112,6 +113,10 @@ class ModuleHooks:
         self._held: list[tuple] = []
         self._held_buf: StepBuffer | None = None
         self._held_n = 0
+        # outputs are held only by, and flushed only on, the thread that entered the monitor:
+        # replicas run in threads (DataParallel on several GPUs) are measured in their hooks,
+        # and the held list is never appended to and swapped out by two threads at once
+        self._owner = get_ident()
 
     # ---- lifecycle -------------------------------------------------------------------
     def register(self, entries: bool = True) -> None:
@@ -350,7 +355,8 @@ class ModuleHooks:
             # (new unit counts, the forward order) would recompile, so those wait for the host
             traced = _is_compiling()
             defer = spec.defer
-            if defer is not False and not traced and n <= DEFER_NUMEL and type(y) is torch.Tensor:
+            if defer is not False and not traced and n <= DEFER_NUMEL and type(y) is torch.Tensor \
+                    and get_ident() == self._owner:
                 if buf is not self._held_buf:
                     self.flush()
                     self._held_buf = buf
@@ -389,13 +395,17 @@ class ModuleHooks:
         """Measure the outputs held since the last flush, stacked by (kind, shape, dtype,
         device): one group costs a few kernels whatever its size (:func:`stats.batched_output_stats`).
 
+        Only the owner thread (the one that entered the monitor) holds and flushes; on another
+        thread (an autograd device thread during a GPU backward) this waits for the owner's next
+        flush, at the latest when the step closes.
+
         An output whose version counter moved since its hook was written into in place by a
         later op: its values now are not the module's output, so it is not read (missing in
         this step) and its module is measured in its hook from now on. A probe (a module not
         yet known to be safe, measured in its hook already) only settles that question.
         """
         held, buf = self._held, self._held_buf
-        if not held:
+        if not held or get_ident() != self._owner:
             return
         self._held, self._held_n = [], 0
         try:

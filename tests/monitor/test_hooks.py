@@ -409,3 +409,30 @@ def test_an_output_written_in_place_later_is_read_as_its_module_returned_it(monk
         else:
             assert layers["2"]["out_sum"] == pytest.approx(w["2"], rel=1e-5)
     assert specs["0"].defer is False and specs["2"].defer is False and specs["4"].defer is True
+
+
+def test_outputs_of_a_forward_on_another_thread_are_measured_in_their_hooks(monkeypatch):
+    """Replicas run in threads (DataParallel on several GPUs) are measured in their hooks, never
+    held: the held list belongs to the thread that entered the monitor."""
+    import threading
+
+    seen = _recorded(monkeypatch)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    x = torch.randn(16, 8)
+    truth = {}
+    model[0].register_forward_hook(lambda m, a, y: truth.__setitem__("0", float(y.detach().sum())))
+    with NeuralDbg(model) as dbg:
+        out = {}
+        worker = threading.Thread(target=lambda: out.setdefault("y", model(x)))
+        worker.start()
+        worker.join()
+        specs = [fn.args[0] for m in model for fn in m._forward_hooks.values() if getattr(fn, "args", None)]
+        # nothing held by the worker's forward, not even as a probe (which would decide `defer`)
+        assert dbg._hooks._held == [] and len(specs) == 3 and all(s.defer is None for s in specs)
+        loss = F.cross_entropy(out["y"], x[:, :3].argmax(dim=1))
+        loss.backward()
+        dbg.record_loss(loss)
+    layers = seen[0].layers
+    assert layers["0"]["out_sum"] == pytest.approx(truth["0"], rel=1e-5)
+    assert {"0", "1", "2"} <= {n for n, v in layers.items() if "out_sum" in v}
