@@ -355,6 +355,7 @@ class ModuleHooks:
             # (new unit counts, the forward order) would recompile, so those wait for the host
             traced = _is_compiling()
             defer = spec.defer
+            held = False  # True: measured at the end of the forward (flush), not here
             if defer is not False and not traced and n <= DEFER_NUMEL and type(y) is torch.Tensor \
                     and get_ident() == self._owner:
                 if buf is not self._held_buf:
@@ -362,30 +363,31 @@ class ModuleHooks:
                     self._held_buf = buf
                 self._held.append((spec, y, y._version, n, defer is None))
                 self._held_n += n
-                if defer:  # measured at the end of the forward (flush)
-                    buf.n_fwd += 1
-                    if spec.name not in self.order_pos:
-                        self._add_order(spec.name)
-                    if self._held_n > FLUSH_NUMEL:
-                        self.flush()
-                    return None
-            # output_stats reads y.detach(): no graph, no grad-mode switch needed
-            x = first_tensor(inputs) if spec.kind == "softmax" else None
-            vals = S.output_stats(y, spec.kind, sq=spec.sq, bounds=spec.bounds, softmax_dim=spec.dim,
-                                  margin=self.margin, softmax_margin=self.softmax_margin, traced=traced, x=x)
-            slot = spec.out
-            if spec.kind == "relu" and not traced:  # per-unit maxima: a slot per unit count
-                slot = spec.relu_slot(vals[0].numel())
-            buf.records.append((slot, n, vals))
+                held = bool(defer)  # a probe (None) is held and measured here too
+            if not held:
+                # output_stats reads y.detach(): no graph, no grad-mode switch needed
+                x = first_tensor(inputs) if spec.kind == "softmax" else None
+                vals = S.output_stats(y, spec.kind, sq=spec.sq, bounds=spec.bounds, softmax_dim=spec.dim,
+                                      margin=self.margin, softmax_margin=self.softmax_margin, traced=traced, x=x)
+                slot = spec.out
+                if spec.kind == "relu" and not traced:  # per-unit maxima: a slot per unit count
+                    slot = spec.relu_slot(vals[0].numel())
+                buf.records.append((slot, n, vals))
             buf.n_fwd += 1
             if traced:
                 buf.traced = True
             elif spec.name not in self.order_pos:
                 self._add_order(spec.name)
+            if held and self._held_n > FLUSH_NUMEL:
+                self.flush()
         except Exception as e:  # noqa: BLE001
-            self.disabled.add(spec.name)
-            self._fail((spec.name, type(e).__name__), f"statistics of {spec.name} failed and are disabled: {e!r}")
+            self._disable(spec, e)
         return None
+
+    def _disable(self, spec: Spec, e: BaseException) -> None:
+        """A module's statistics failed: report it once and stop measuring that module."""
+        self.disabled.add(spec.name)
+        self._fail((spec.name, type(e).__name__), f"statistics of {spec.name} failed and are disabled: {e!r}")
 
     def _on_root_output(self, module, inputs, output):
         self.flush()
@@ -450,8 +452,7 @@ class ModuleHooks:
         try:
             return S.output_stats(y, spec.kind, sq=spec.sq)
         except Exception as e:  # noqa: BLE001 - the monitor must not raise into training
-            self.disabled.add(spec.name)
-            self._fail((spec.name, type(e).__name__), f"statistics of {spec.name} failed and are disabled: {e!r}")
+            self._disable(spec, e)
             return None
 
     def _on_param_grad(self, pidx, name, param, sharded=False):

@@ -314,7 +314,7 @@ class NeuralDbg(CausalQueries):
             return False
         self._closed_active = False
         if buf.losses:
-            self._transfer.push_losses(buf.step, buf.losses)
+            self._transfer.push(buf)
         self._step = nxt
         hooks.next_unchecked(nxt)
         return True

@@ -60,18 +60,6 @@ class _Pending:
         self.vectors: list[torch.Tensor] = []
         self.n_scalars = self.n_vectors = 0
 
-    @classmethod
-    def losses_only(cls, step: int, losses: list) -> "_Pending":
-        """An unchecked step that recorded only its losses, queued without a buffer or layout
-        (the common step at ``every > 1``: once per training step, so kept to a few operations)."""
-        p = object.__new__(cls)
-        p.step, p.checked, p.slots, p.ns, p.pgrad, p.scale, p.has_bwd = step, False, (), _NO_COUNTS, (), None, False
-        p.tables, p.ran_without_grad, p.lay, p.vectors, p.n_vectors = None, (), None, [], 0
-        p.floats, p.tensors = _split_losses(losses)
-        p.scalars = [t if t.dim() == 0 else t.reshape(()) for t in p.tensors]
-        p.n_scalars = len(p.scalars)
-        return p
-
     def pack(self, lay: "_Layout | None", records: list[tuple]) -> None:
         """This step's values in flat order (see :class:`_Layout`): the scalars (record values,
         losses, scale), then the per-unit ReLU maxima and the gradient norms. A checked step's
@@ -143,12 +131,6 @@ class HostTransfer:
         self.pending.append(p)
         self._checked += buf.active
         if self._checked >= self.sync_every or len(self.pending) >= MAX_PENDING:
-            self.drain()
-
-    def push_losses(self, step: int, losses: list) -> None:
-        """Queue an unchecked step that recorded only losses (see :meth:`_Pending.losses_only`)."""
-        self.pending.append(_Pending.losses_only(step, losses))
-        if len(self.pending) >= MAX_PENDING:
             self.drain()
 
     def drain(self) -> None:

@@ -54,6 +54,10 @@ def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
+#: the step-ratio signatures, measured (and missing) together
+_RATIOS = (STEP_RATIO_MEDIAN, STEP_RATIO_MAX, STEP_RATIO_PEAK, STEP_RATIO_STEPS)
+
+
 @register_measurement
 class StepSize(Measurement):
     """Update-to-weight ratios of the optimizer's first measured steps (see the module docstring).
@@ -186,11 +190,11 @@ class StepSize(Measurement):
                    "does not measure")
         else:
             why = "the model has no weight matrix to measure the step size on"
-        return {sig: why for sig in (STEP_RATIO_MEDIAN, STEP_RATIO_MAX, STEP_RATIO_PEAK, STEP_RATIO_STEPS)}
+        return {sig: why for sig in _RATIOS}
 
     def steps(self) -> dict[Any, int]:
         """The window's values are known from its last measured step on (a timeline cut before
         it does not see them)."""
         if not self._at:
             return {}
-        return {sig: self._at[-1] for sig in (STEP_RATIO_MEDIAN, STEP_RATIO_MAX, STEP_RATIO_PEAK, STEP_RATIO_STEPS)}
+        return {sig: self._at[-1] for sig in _RATIOS}
