@@ -1,12 +1,9 @@
 """The monitor's hooks: registration, the callbacks, the per-step buffer they fill, module swaps.
 
 Hooks observe, they never patch ``forward``. On a checked step each module output costs a
-few reductions on the device under ``torch.no_grad()`` (:mod:`neuraldbg.monitor.stats`). A
-small output is not reduced in its hook: the hook keeps a reference and the outputs held are
-measured together when the forward ends (:meth:`ModuleHooks.flush`), stacked by shape, so a
-hundred layers of one shape cost a few kernels instead of a few hundred. An output that a later
-op writes into in place (``ReLU(inplace=True)`` after a ``Linear``) would be read changed: its
-tensor version counter tells, and such a module is measured in its hook. Every parameter
+few reductions on the device under ``torch.no_grad()`` (:mod:`neuraldbg.monitor.stats`); a
+small output is held and measured with the others when the forward ends
+(:mod:`neuraldbg.monitor.held`: a few kernels for a hundred layers). Every parameter
 gradient of one backward pass is measured at once, by one ``torch._foreach_norm`` queued to
 run when that backward ends (after accumulation, before clipping or the optimizer). On an
 unchecked step the module and parameter hooks are out of the model
@@ -23,7 +20,6 @@ from __future__ import annotations
 import logging
 import sys
 import weakref
-from threading import get_ident
 from functools import partial
 from typing import Any, Callable
 
@@ -32,18 +28,12 @@ from torch import nn
 
 from neuraldbg.config import DetectorConfig
 from neuraldbg.monitor import stats as S
+from neuraldbg.monitor.held import HeldOutputs
 from neuraldbg.monitor.records import (INPUT, INPUT_SLOT, OUT, Spec, StepBuffer, Tables, describe, first_tensor,
                                        monitored_modules, tensors_of)
 from neuraldbg.monitor.switch import ALWAYS, EVERY_GROUP, HookSwitch
 
 log = logging.getLogger("neuraldbg")
-
-#: outputs of at most this many elements are held to the end of the forward and measured
-#: together (:meth:`ModuleHooks.flush`); a larger one is reduced in its hook, where its own
-#: kernels cost more than the call, and holding it would hold its memory
-DEFER_NUMEL = 16384
-#: elements held before a batched measurement runs mid-forward (bounds the memory held)
-FLUSH_NUMEL = 1 << 21
 
 
 def _input_records(slot: int, tensors) -> list[tuple]:
@@ -107,16 +97,8 @@ class ModuleHooks:
         self._pending: tuple | None = None  # (buffer, [param index], [grad]) of the running backward
         self._plans: dict[tuple, tuple] = {}  # parameter indices -> how their norms are batched
         self.buf = StepBuffer(0, True, self.tables)
-        # outputs held for a batched measurement: (spec, output, its version, elements, probe)
-        # of one buffer; a probe is measured already and held only to see whether a later op
-        # writes into it (which decides spec.defer)
-        self._held: list[tuple] = []
-        self._held_buf: StepBuffer | None = None
-        self._held_n = 0
-        # outputs are held only by, and flushed only on, the thread that entered the monitor:
-        # replicas run in threads (DataParallel on several GPUs) are measured in their hooks,
-        # and the held list is never appended to and swapped out by two threads at once
-        self._owner = get_ident()
+        #: small outputs held to the end of the forward and measured together
+        self.held = HeldOutputs(report, self._fail, self._disable)
 
     # ---- lifecycle -------------------------------------------------------------------
     def register(self, entries: bool = True) -> None:
@@ -157,7 +139,7 @@ class ModuleHooks:
         self.handles.clear()
         self.switch = HookSwitch()
         self.entries = HookSwitch()
-        self._held, self._held_buf, self._held_n = [], None, 0
+        self.held.clear()
 
     def start_step(self, step: int) -> None:
         """Start recording ``step`` (measured only when it is a multiple of ``every``); the
@@ -354,16 +336,7 @@ class ModuleHooks:
             # under torch.compile every Python dict this hook reads is guarded: one that grows
             # (new unit counts, the forward order) would recompile, so those wait for the host
             traced = _is_compiling()
-            defer = spec.defer
-            held = False  # True: measured at the end of the forward (flush), not here
-            if defer is not False and not traced and n <= DEFER_NUMEL and type(y) is torch.Tensor \
-                    and get_ident() == self._owner:
-                if buf is not self._held_buf:
-                    self.flush()
-                    self._held_buf = buf
-                self._held.append((spec, y, y._version, n, defer is None))
-                self._held_n += n
-                held = bool(defer)  # a probe (None) is held and measured here too
+            held = not traced and self.held.hold(spec, y, n, buf)  # True: measured at the flush
             if not held:
                 # output_stats reads y.detach(): no graph, no grad-mode switch needed
                 x = first_tensor(inputs) if spec.kind == "softmax" else None
@@ -378,7 +351,7 @@ class ModuleHooks:
                 buf.traced = True
             elif spec.name not in self.order_pos:
                 self._add_order(spec.name)
-            if held and self._held_n > FLUSH_NUMEL:
+            if held and self.held.full():
                 self.flush()
         except Exception as e:  # noqa: BLE001
             self._disable(spec, e)
@@ -389,71 +362,13 @@ class ModuleHooks:
         self.disabled.add(spec.name)
         self._fail((spec.name, type(e).__name__), f"statistics of {spec.name} failed and are disabled: {e!r}")
 
+    def flush(self) -> None:
+        """Measure the outputs held so far (:meth:`HeldOutputs.flush`)."""
+        self.held.flush()
+
     def _on_root_output(self, module, inputs, output):
         self.flush()
         return None
-
-    def flush(self) -> None:
-        """Measure the outputs held since the last flush, stacked by (kind, shape, dtype,
-        device): one group costs a few kernels whatever its size (:func:`stats.batched_output_stats`).
-
-        Only the owner thread (the one that entered the monitor) holds and flushes; on another
-        thread (an autograd device thread during a GPU backward) this waits for the owner's next
-        flush, at the latest when the step closes.
-
-        An output whose version counter moved since its hook was written into in place by a
-        later op: its values now are not the module's output, so it is not read (missing in
-        this step) and its module is measured in its hook from now on. A probe (a module not
-        yet known to be safe, measured in its hook already) only settles that question.
-        """
-        held, buf = self._held, self._held_buf
-        if not held or get_ident() != self._owner:
-            return
-        self._held, self._held_n = [], 0
-        try:
-            self._measure_held(held, buf)
-        except Exception as e:  # noqa: BLE001 - this runs inside forward and backward: never raise
-            self._fail(("held outputs", type(e).__name__), f"output statistics failed at step {buf.step}: {e!r}")
-
-    def _measure_held(self, held: list[tuple], buf: StepBuffer) -> None:
-        # grouped by (kind, sum of squares, shape, dtype): outputs on several devices fail to
-        # stack and are measured one at a time; records need no forward order (the host's
-        # layout gathers each layer's statistics by slot)
-        groups: dict[tuple, list[tuple]] = {}
-        for item in held:
-            spec, y, version, _, probe = item
-            if y._version != version:
-                spec.defer = False
-                if not probe:
-                    self._report((spec.name, "inplace"), f"the output of {spec.name} was changed in place "
-                                 "after its module ran: it is measured in its hook from now on, and is "
-                                 f"missing at step {buf.step}", level=logging.DEBUG)
-            elif probe:
-                spec.defer = True
-            else:
-                key = (spec.kind, spec.sq, y.shape, y.dtype)
-                group = groups.get(key)
-                if group is None:
-                    groups[key] = [item]
-                else:
-                    group.append(item)
-        records = buf.records
-        with torch.no_grad():
-            for (kind, sq, *_), items in groups.items():
-                try:
-                    outs = S.batched_output_stats([it[1] for it in items], kind, sq=sq)
-                except Exception:  # noqa: BLE001 - one at a time, each failure its own
-                    outs = [self._measure_one(it[0], it[1]) for it in items]
-                for (spec, _, _, n, _), o in zip(items, outs):
-                    if o is not None:
-                        records.append((spec.relu_slot(o[0].numel()) if kind == "relu" else spec.out, n, o))
-
-    def _measure_one(self, spec: Spec, y: torch.Tensor) -> tuple | None:
-        try:
-            return S.output_stats(y, spec.kind, sq=spec.sq)
-        except Exception as e:  # noqa: BLE001 - the monitor must not raise into training
-            self._disable(spec, e)
-            return None
 
     def _on_param_grad(self, pidx, name, param, sharded=False):
         buf = self.buf

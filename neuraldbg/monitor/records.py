@@ -109,7 +109,7 @@ class Spec:
         self.out = tables.slot(OUT, layer, self.kind, self.sq)
         self.empty = tables.slot(EMPTY, layer)
         self.by_units: dict[int, int] = {}  # ReLU-like: a slot per unit count (divided on the host)
-        #: whether its output statistics may wait for the end of the forward (ModuleHooks.flush):
+        #: whether its output statistics may wait for the end of the forward (neuraldbg.monitor.held):
         #: None until a checked forward showed whether a later op changes the output in place
         #: (False then, for good); bounded and softmax outputs are always measured at once
         self.defer: bool | None = None if self.kind in ("plain", "relu") else False

@@ -350,7 +350,7 @@ def _recorded(monkeypatch):
 
 
 def test_held_outputs_give_the_statistics_measured_in_each_hook(monkeypatch):
-    from neuraldbg.monitor import hooks as H
+    from neuraldbg.monitor import held as H
 
     def run(defer):
         monkeypatch.setattr(H, "DEFER_NUMEL", H.DEFER_NUMEL if defer else 0)
@@ -433,7 +433,7 @@ def test_outputs_of_a_forward_on_another_thread_are_measured_in_their_hooks(monk
         worker.join()
         specs = _specs(model)
         # nothing held by the worker's forward, not even as a probe (which would decide `defer`)
-        assert dbg._hooks._held == [] and len(specs) == 3 and all(s.defer is None for s in specs)
+        assert dbg._hooks.held.items == [] and len(specs) == 3 and all(s.defer is None for s in specs)
         loss = F.cross_entropy(out["y"], x[:, :3].argmax(dim=1))
         loss.backward()
         dbg.record_loss(loss)
