@@ -174,13 +174,13 @@ def test_a_state_possible_only_under_impossible_parents_is_refused(tmp_path):
                                       "values": c.values_2d.tolist()}
     inst = doc["cpds"]["instability"]
     cards = [len(net.states_of(p)) for p in inst["parents"]]
-    at = inst["parents"].index("data")
-    for j in range(len(inst["values"][0])):  # instability 'init' never while the data are ok
+    at = inst["parents"].index("corruption")
+    for j in range(len(inst["values"][0])):  # instability 'init' never while nothing is corrupted
         if np.unravel_index(j, cards)[at] == 0:  # pgmpy layout: the last parent varies fastest
             inst["values"][0][j] += inst["values"][2][j]
             inst["values"][2][j] = 0.0
-    exp = doc["cpds"]["exploding"]  # parents: data, instability
-    for j in range(len(exp["values"][0])):  # exploding 'init' only with ok data and instability 'init'
+    exp = doc["cpds"]["exploding"]  # parents: corruption, instability
+    for j in range(len(exp["values"][0])):  # exploding 'init' only with no corruption and instability 'init'
         if divmod(j, 3) != (0, 2):
             exp["values"][0][j] += exp["values"][2][j]
             exp["values"][2][j] = 0.0
@@ -189,7 +189,7 @@ def test_a_state_possible_only_under_impossible_parents_is_refused(tmp_path):
                                          "under the priors"):
         load_priors(path=write_priors(tmp_path, doc))
     exp["values"][2][1 * 3 + 2], exp["values"][0][1 * 3 + 2] = 0.01, exp["values"][0][1 * 3 + 2] - 0.01
-    assert load_priors(path=write_priors(tmp_path, doc))  # possible again: with corrupted data
+    assert load_priors(path=write_priors(tmp_path, doc))  # possible again: with corrupted values
 
 
 def test_prior_errors_name_the_file_and_field(tmp_path):

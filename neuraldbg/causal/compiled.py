@@ -1,7 +1,7 @@
 """Exact inference by enumeration over the hidden joint, compiled to numpy tables.
 
-The hidden variables are the four roots (3*3*3*2 = 54 states) and the latent mechanisms
-(3*3); together they have a few hundred joint states. For each evidence variable we keep a
+The hidden variables are the six roots (3*3*3*2*5*2 = 540 states) and the three latent
+mechanisms (3*3*3); together they have 14 580 joint states. For each evidence variable we keep a
 log-table ``L_e[h, s] = log P(e = s | parents(h))``, plus one column of zeros for
 "unobserved", so a query is a sum of gathered columns, one ``exp`` and a few ``bincount``s:
 tens of microseconds, and vectorized over many cases at once. Unobserved evidence uses the

@@ -4,7 +4,8 @@ Three kinds of node (``docs/causal_model.md`` draws the network and gives the re
 
 * **roots** -- the root-cause variables of ``docs/api.md`` (:data:`neuraldbg.vocab.ROOTS`); their
   priors come from the family's prior file (``neuraldbg/priors/<family>.json``), never from here;
-* **latents** -- mechanism nodes that are never observed (``instability``, ``signal_decay``):
+* **latents** -- mechanism nodes that are never observed (``instability``, ``signal_decay``,
+  ``corruption``):
   correlated symptoms hang off a mechanism, so a burst of them counts as one piece of evidence;
 * **evidence** -- discretized readings of a :class:`~neuraldbg.trace.Trace`. Each evidence node
   owns its extractor (``extract(view) -> Reading | None``), declared next to it in

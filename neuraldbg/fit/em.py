@@ -1,10 +1,10 @@
 """Expectation-maximization of the causal network's CPDs (see ``docs/priors.md``).
 
-The two mechanism nodes (``instability``, ``signal_decay``) are never observed, and some
-evidence is *partial* (a set of states) or unobserved, so the tables are fitted by EM:
+The mechanism nodes (``instability``, ``signal_decay``, ``corruption``) are never observed, and
+some evidence is *partial* (a set of states) or unobserved, so the tables are fitted by EM:
 
-* **E-step** (numpy, exact): with the roots known, a run's hidden part is the 9 joint
-  states of the two latents; their posterior, and the posterior over the states of every
+* **E-step** (numpy, exact): with the roots known, a run's hidden part is the 27 joint
+  states of the three latents; their posterior, and the posterior over the states of every
   partial observation, give expected counts for every non-root CPD;
 * **M-step**: pgmpy's ``DiscreteBayesianEstimator`` with a Dirichlet prior whose
   pseudo-counts are the *base* (hand-set, noisy-MAX) CPD column times an equivalent sample

@@ -62,6 +62,32 @@ def test_back_to_chance_needs_learning_then_a_return():
     assert not back_to_chance(blown, ref)  # far above chance: a blow-up, not a label fault
 
 
+def test_back_to_chance_is_measured_against_what_was_learned_and_the_noise():
+    """Regression: a return counted only after the loss had fallen below 0.6x chance, so a slow
+    learner (a LoRA fine-tune, a small convolution net at 0.8x chance) whose labels were then
+    shuffled read no return, and its stall was blamed on causes that never let a run learn."""
+    ref = math.log(4)
+    slow = [ref] * 10 + [0.8 * ref] * 40 + [ref] * 20
+    assert back_to_chance(slow, ref)
+    assert not back_to_chance([ref] * 10 + [0.97 * ref] * 40 + [ref] * 20, ref)  # 3 % is no learning
+    # a tail that wiggles by more than a fifth of its rise is noise, not a return
+    wiggle = [0.2 * ref * (-1) ** i for i in range(20)]
+    noisy = [ref] * 10 + [0.9 * ref] * 40 + [ref + w for w in wiggle]
+    assert not back_to_chance(noisy, ref)
+    calm = [ref] * 10 + [0.9 * ref] * 40 + [ref + w / 40 for w in wiggle]
+    assert back_to_chance(calm, ref)
+
+
+def test_a_return_from_above_chance_is_not_read_as_a_falling_loss():
+    """Regression: a language model's first loss sits above ``ln K``; after its labels were
+    shuffled its loss went back to chance, still below where it began, and the same curve read
+    "decreasing" -- a healthy run's pattern -- beside the return (a LoRA GPT-2 read healthy)."""
+    ref = math.log(10)
+    ev = extract(trace(losses=[1.3 * ref] * 10 + [0.7 * ref] * 40 + [ref] * 20, sigs={"out_features": 10}))
+    assert ev.observed["target_fault"] == "back_to_chance"
+    assert "loss_pattern" not in ev.observed and "started above" in ev.unobserved["loss_pattern"]
+
+
 def test_a_return_to_chance_is_read_once():
     """Regression: a loss that learned and then went back to chance (shuffled labels) was read
     three times -- target_fault "back_to_chance", loss_pattern "flat" and progress "stalled" --

@@ -30,15 +30,16 @@ def test_every_node_has_sorted_known_parents_and_is_declared_after_them():
 def test_latent_mechanism_carries_the_correlated_instability_symptoms():
     children = {child for parent, child in NET.edges() if parent == "instability"}
     assert {"exploding", "loss_pattern", "data_nan", "dead"} <= children
-    # no root points straight at the exploding-gradient symptom except through a mechanism
-    # (data=corrupted: non-finite gradients are a direct consequence, not instability)
-    assert {p for p, c in NET.edges() if c == "exploding"} == {"data", "instability"}
+    # no root points straight at the exploding-gradient symptom: only mechanisms do (corrupted
+    # values: non-finite gradients are a direct consequence, not instability)
+    assert {p for p, c in NET.edges() if c == "exploding"} == {"corruption", "instability"}
 
 
 def test_states_and_parents_lookup_errors_name_valid_variables():
     assert NET.states_of("data") == ("ok", "corrupted", "shifted")
     assert NET.parents_of("learning_rate") == ()
-    assert NET.parents_of("loss_pattern") == ("data", "instability", "learning_rate", "signal_decay", "unexplained")
+    assert NET.parents_of("loss_pattern") == ("corruption", "data", "instability", "learning_rate", "signal_decay",
+                                              "unexplained")
     with pytest.raises(KeyError, match="valid: .*learning_rate"):
         NET.states_of("nope")
     with pytest.raises(KeyError):
@@ -49,7 +50,7 @@ def test_all_variables_partition():
     allv = NET.all_variables()
     assert len(allv) == len(set(allv))
     assert set(allv) == set(S.ROOTS) | set(NET.latent_names) | set(NET.evidence_names)
-    assert set(NET.latent_names) == {"instability", "signal_decay"}
+    assert set(NET.latent_names) == {"corruption", "instability", "signal_decay"}
 
 
 def test_normal_state_is_first_everywhere():

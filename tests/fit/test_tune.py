@@ -105,12 +105,15 @@ def test_unseen_parent_configurations_keep_their_prior_columns():
     for c in fitted.values():
         assert np.all(np.isfinite(c.values)) and np.allclose(c.values_2d.sum(0), 1, atol=1e-12)
     np.testing.assert_allclose(fitted["depth_risk"].values[:, 1], base["depth_risk"].values[:, 1], rtol=0, atol=1e-15)
-    inst = fitted["instability"].values      # parents architecture, data, initialization, learning_rate
-    # (unstable, shifted, ok, ok) and (ok, corrupted, too_large, too_low) were never seen
-    np.testing.assert_allclose(inst[:, 1, 2, 0, 0], base["instability"].values[:, 1, 2, 0, 0], rtol=0, atol=1e-15)
-    np.testing.assert_allclose(inst[:, 0, 1, 2, 2], base["instability"].values[:, 0, 1, 2, 2], rtol=0, atol=1e-15)
+    # parents architecture, corruption, data, initialization, learning_rate, training_loop
+    assert fitted["instability"].parents[:5] == ("architecture", "corruption", "data", "initialization",
+                                                 "learning_rate")
+    inst, ref = fitted["instability"].values, base["instability"].values
+    # (unstable, none, shifted, ok, ok) and (ok, values, corrupted, too_large, too_low) were never seen
+    np.testing.assert_allclose(inst[:, 1, 0, 2, 0, 0], ref[:, 1, 0, 2, 0, 0], rtol=0, atol=1e-15)
+    np.testing.assert_allclose(inst[:, 0, 1, 1, 2, 2], ref[:, 0, 1, 1, 2, 2], rtol=0, atol=1e-15)
     # the configurations that were seen did move
-    assert not np.allclose(inst[:, 0, 0, 0, 1], base["instability"].values[:, 0, 0, 0, 1], atol=1e-4)
+    assert not np.allclose(inst[:, 0, 0, 0, 0, 1], ref[:, 0, 0, 0, 0, 1], atol=1e-4)
 
 
 # ------------------------------------------------------------------ files and loading
@@ -234,7 +237,8 @@ def test_malformed_tuned_file_fails_clearly(tmp_path):
 
     bad(lambda d: d.update(schema_version=3), "schema_version 3 is not supported")
     bad(lambda d: d["cpds"]["exploding"]["values"].pop(), r"cpds.exploding: values must be a 3 x 9 ")
-    bad(lambda d: d["cpds"]["exploding"].update(parents=["instability", "data"]), r"must be \['data', 'instability'\]")
+    bad(lambda d: d["cpds"]["exploding"].update(parents=["instability", "corruption"]),
+        r"must be \['corruption', 'instability'\]")
     bad(lambda d: d["cpds"]["dead"]["values"][0].__setitem__(0, 0.9), r"cpds.dead: column 0 sums to")
     bad(lambda d: d["cpds"].update(mystery={"values": [[1.0]]}), "no such non-root node")
     trunc = tmp_path / "trunc.json"

@@ -177,10 +177,15 @@ NODES = (
         effects={
             "instability=training": {"later": 0.75, "init": 0.02},
             "instability=init": {"init": 0.75, "later": 0.15},
-            "data=corrupted": {"later": 0.40},
+            "corruption=values": {"later": 0.55},
+            "corruption=targets": {"later": 0.30},
         },
         why="First exploding-gradient event, by onset phase. Non-finite gradients from a "
-            "NaN batch also read as exploding, hence the direct edge from data=corrupted.",
+            "NaN batch also read as exploding, hence the direct edge from corrupted values. "
+            "Targets that stop matching a model that had fitted them meet confident wrong "
+            "predictions: the cross-entropy gradient (p - y) goes from near zero to near one, "
+            "far above the baseline formed while the model fitted, hence the edge from "
+            "corrupted targets.",
         extract=exploding,
     ),
     NoisyMax(
@@ -191,7 +196,7 @@ NODES = (
             "signal_decay=uniform": {"init_uniform": 0.45, "init_depth": 0.35, "later": 0.05},
             "instability=training": {"later": 0.25},
             "instability=init": {"later": 0.20},
-            "data=corrupted": {"later": 0.20},
+            "corruption=targets": {"later": 0.30},
         },
         why="First vanishing-gradient events, by onset phase and by what the forward signal "
             "does at onset: 'init_depth' when layer outputs keep a normal scale (only the "

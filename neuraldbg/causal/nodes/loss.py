@@ -140,9 +140,17 @@ def loss_pattern_reading(view: TraceView) -> Reading | None:
     plateau; read again here as "spike" or "flat" it would count the same curve twice, as two
     independent witnesses. The pattern is then the partial observation "one of the shapes a
     return draws" (:data:`RETURN_PATTERNS`), which excludes a steadily falling loss and a
-    non-finite one and leaves the return itself to ``target_fault``."""
+    non-finite one and leaves the return itself to ``target_fault``. A curve that started above
+    the level it went back to (a language model's first loss above ``ln K``) reads "decreasing"
+    from end to end although it went back; that reading is the same curve too, so the pattern
+    is then unobserved."""
     r = loss_pattern_of(view)
-    if r is None or r.state not in RETURN_PATTERNS or not _returned_to_chance(view):
+    if r is None or not _returned_to_chance(view):
+        return r
+    if r.state == "decreasing":
+        return Reading(None, reason="the loss started above the level it went back to: its fall from start to "
+                                    "end is the return target_fault reads")
+    if r.state not in RETURN_PATTERNS:
         return r
     return Reading(RETURN_PATTERNS, r.support, f"{r.note} (the return to chance level target_fault reads)")
 
@@ -258,7 +266,8 @@ NODES = (
             "instability=training": {"nonfinite": 0.35, "divergence": 0.30, "spike": 0.20, "flat": 0.10},
             "instability=init": {"nonfinite": 0.15, "divergence": 0.05, "spike": 0.10,
                                  "flat": 0.10, "slow": 0.10},
-            "data=corrupted": {"nonfinite": 0.70, "spike": 0.10, "divergence": 0.05},
+            "corruption=values": {"nonfinite": 0.80, "spike": 0.08, "divergence": 0.05},
+            "corruption=targets": {"flat": 0.35, "spike": 0.15, "slow": 0.15},
             "data=shifted": {"spike": 0.40},
             "unexplained=not_learning": {"flat": 0.5, "slow": 0.3},
         },
@@ -305,7 +314,7 @@ NODES = (
             "training_loop=params_not_in_optimizer": {"stalled": 0.5},
             "training_loop=graph_detached": {"stalled": 0.5},
             "training_loop=loss_on_probabilities": {"stalled": 0.5},
-            "data=corrupted": {"stalled": 0.2},
+            "corruption=targets": {"stalled": 0.6},
             "data=shifted": {"stalled": 0.2},
         },
         why="Whether the run learns at all: its loss at the end within 10 % of chance level (or of its own "
