@@ -29,9 +29,8 @@ class NaiveNetwork:
 
     def __init__(self, net: CompiledNetwork) -> None:
         self.net = net
-        self.root_prior = np.zeros(net.n_root_joint)
         # prior over the root joint from the latent network's hidden prior (latents summed out)
-        np.add.at(self.root_prior, net.root_joint, np.exp(net.log_prior))
+        self.root_prior = net.sum_latents(np.exp(net.log_prior))
         self.log_root_prior = np.log(self.root_prior)
         self.log_tables = [np.concatenate([np.log(net.root_likelihood[e]), np.zeros((net.n_root_joint, 1))], axis=1)
                            for e in net.network.evidence_names]
