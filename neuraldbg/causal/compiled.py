@@ -103,7 +103,7 @@ class CompiledNetwork:
         return vec
 
     def root_joint_index(self, assignment: Mapping[str, str]) -> int:
-        """Index (0..53) of a full root assignment; missing roots default to ``ok``."""
+        """Index (0..539) of a full root assignment; missing roots default to ``ok``."""
         idx = [self.state_pos[v][assignment.get(v, "ok")] for v in self._root_names]
         return int(np.ravel_multi_index(idx, self.root_cards))
 
