@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from models.injections import GENERAL, LABEL_FAULTS, Injection, register_general, register_injection
@@ -126,7 +125,7 @@ class CNNTrainer(Trainer):
     def forward_backward(self, step: int) -> torch.Tensor:
         x, y = self.inj.apply_batch(self.data.batch(step), step)
         self.inj.zero_grad(self.optimizer, step)
-        loss = F.cross_entropy(self.model(x), y)
+        loss = self.criterion(self.model(x), y)
         loss.backward()
         return loss
 

@@ -135,7 +135,7 @@ class GNNTrainer(Trainer):
     def forward_backward(self, step: int) -> torch.Tensor:
         x, adj, y, train = self.inj.apply_batch(self.graph.batch(self.cfg.conv), step)
         self.inj.zero_grad(self.optimizer, step)
-        loss = F.cross_entropy(self.model(x, adj)[train], y[train])
+        loss = self.criterion(self.model(x, adj)[train], y[train])
         loss.backward()
         return loss
 

@@ -19,10 +19,13 @@ Each architecture's config says *how much* is "too high" or "too small" (``lr_hi
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import replace
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from models.registry import ArchSpec, get_arch
 from neuraldbg.faults import (ONSET_FRAC, SYMPTOMS, Injection, corrupt_rows, detach_output,  # noqa: F401
@@ -290,6 +293,46 @@ register_injection(Injection(
         "cannot fall below ln(1 + (K-1)/e)",
     trainer=_softmax_logits,
 ))
+
+def _broadcast_mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """MSE of a ``(B, 1)`` prediction against ``(B,)`` class ids, as written in a loop that
+    regresses the ids: torch broadcasts both to ``(B, B)``."""
+    with warnings.catch_warnings():
+        # torch's "target size different to the input size" warning: the user's loop would show
+        # it once; here it would fill the benchmark's log
+        warnings.simplefilter("ignore", UserWarning)
+        return F.mse_loss(out, y.float())
+
+
+def _regress_class_ids(trainer, inj: Injection) -> None:
+    """Trainer hook: the classifier's head gives one number, regressed on the class id by MSE
+    (the optimizer rebuilt on the final model, as the user's would be)."""
+    model = trainer.model
+    name, head = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)][-1]
+    one = nn.Linear(head.in_features, 1).to(head.weight.device, head.weight.dtype)
+    parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+    setattr(parent, name.rpartition(".")[2], one)
+    opt = trainer.optimizer
+    trainer.optimizer = type(opt)(model.parameters(), **opt.defaults)
+    trainer.criterion = _broadcast_mse
+
+
+#: classifiers whose loop applies ``Trainer.criterion`` to ``(output, labels)``; the GNN's loop
+#: does too, but its last GCN layer has no bias and cannot output a constant: its loss keeps
+#: falling as its spread shrinks, so neither its loss nor its output shows the stall -- only its
+#: held-out accuracy does, which a monitor never sees
+CRITERION_ARCHS = ("mlp", "cnn")
+
+register_injection(Injection(
+    name="regression_on_class_ids", archs=CRITERION_ARCHS, truth=("unexplained", "not_learning"), symptom="no_skill",
+    description="class ids regressed by MSE from a one-output head, the (B,) targets against (B, 1) predictions: "
+                "torch broadcasts both to (B, B), so each prediction is scored against every target",
+    why="rate, init, data, architecture and loop are the healthy ones: the loss's own shapes make the best "
+        "prediction the mean class id whatever the input, so the loss stops at the targets' variance -- a "
+        "cause the network does not model (the leak)",
+    trainer=_regress_class_ids,
+))
+
 
 #: data faults only archs with class labels can take (``ArchSpec.labels_at``; ``nan_target``
 #: needs a float target, ``ArchSpec.targets_at``)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from models.injections import GENERAL, LABEL_FAULTS, register_general
@@ -129,7 +128,7 @@ class MLPTrainer(Trainer):
         x, y = self.inj.apply_batch(self.data.batch(step), step)
         x, y = x.to(self.device), y.to(self.device)
         self.inj.zero_grad(self.optimizer, step)
-        loss = F.cross_entropy(self.forward(x), y)
+        loss = self.criterion(self.forward(x), y)
         loss.backward()
         return loss
 

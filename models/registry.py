@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from neuraldbg.faults import scale_weights  # noqa: F401  (the init faults' edit, shared with every suite)
@@ -41,6 +42,9 @@ class Trainer:
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
+    #: the loss a classifier's loop applies to ``(output, labels)``: cross-entropy; a loss-kind
+    #: fault (``models/injections.py``) swaps it, as a user's loop would use another
+    criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = staticmethod(F.cross_entropy)
 
     def __init__(self, cfg: Any, seed: int, inj: "Injection") -> None:
         self.cfg, self.seed, self.inj = cfg, seed, inj

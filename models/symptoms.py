@@ -95,6 +95,12 @@ def check(r: RunResult, healthy: RunResult) -> tuple[bool, str]:
         ok = (_finite(L[:onset]) and max(after) > 1.5 * b
               and max(after) > 1.2 * max(H[onset:onset + w]))
         return ok, f"loss {b:.3g} before the onset, peak {max(after):.3g} after"
+    if s == "no_skill":
+        # the loss is not the healthy run's (another kind, another scale): the task's own
+        # held-out accuracy is the measure both runs share
+        a, ha = r.metrics.get("test_accuracy"), healthy.metrics.get("test_accuracy")
+        ok = a is not None and ha is not None and a < 0.5 * ha
+        return ok, f"held-out accuracy {a} vs healthy {ha} (needs < half)"
     if s == "stuck":
         ok = math.isfinite(gain) and gain < 0.2 * hgain
         return ok, f"improvement {gain:.3g} vs healthy {hgain:.3g} (needs < 20%)"

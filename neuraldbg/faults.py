@@ -45,6 +45,7 @@ SYMPTOMS = (
     "forgetting",  # task-A loss rises far more than in the healthy fine-tune
     "entropy_collapse",  # the policy's entropy collapses and the return does not improve
     "attention_collapse",  # attention entropy near zero, loss worse than healthy
+    "no_skill",  # a loss of another kind falls, but held-out accuracy stays under half the healthy run's
 )
 
 

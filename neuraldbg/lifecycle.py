@@ -109,6 +109,11 @@ class AddonContext(Protocol):
     def release(self, handle: Any) -> None:
         """Remove a hook registered with :meth:`checked_only` (it is forgotten by the switch)."""
 
+    def unchecked_done(self, part: "Addon", hook: str) -> None:
+        """``part`` no longer needs ``hook`` on unchecked steps (its window closed): an unchecked
+        step stops calling it there, and once no part needs the optimizer hooks there, an
+        unchecked step's optimizer step runs none of the monitor's Python."""
+
     def report(self, key: tuple, msg: str, level: int = logging.WARNING) -> None:
         """Log ``msg`` once per ``key`` through the ``neuraldbg`` logger."""
 

@@ -33,13 +33,13 @@ FAILURE_VARIABLES: dict[str, tuple[str, ...]] = {
     "exploding_gradients": ("exploding",),
     "dead_neurons": ("dead",),
     "saturated_activations": ("saturation",),
-    "optimizer_instability": ("loss_pattern", "loss_start", "progress"),
+    "optimizer_instability": ("loss_pattern", "loss_start", "progress", "output_collapse"),
     "data_anomaly": ("data_nan", "data_shift", "target_fault", "input_scale"),
 }
 #: Normal state of each failure variable (the failure "did not occur").
 _NORMAL = {"vanishing": "absent", "exploding": "absent", "dead": "absent", "saturation": "absent",
            "loss_pattern": "decreasing", "loss_start": "normal", "data_nan": "absent", "data_shift": "absent",
-           "target_fault": "absent", "progress": "learning", "input_scale": "normal"}
+           "target_fault": "absent", "progress": "learning", "input_scale": "normal", "output_collapse": "absent"}
 _VAR_FAILURE = {v: ft for ft, vs in FAILURE_VARIABLES.items() for v in vs}
 
 #: Failure type of a hypothesis with no event-backed evidence (e.g. a flat loss only).
@@ -159,7 +159,9 @@ def _noted(sup: Mapping[str, float], ev: Evidence) -> str | None:
     noted = next((v for v in _NOTE_VARS if v in sup and v in ev.notes), None)
     if noted is None:
         sigs = [(sup[v], v) for v in _SIGNATURE_NOTE_VARS if v in sup and v in ev.notes]
-        noted = max(sigs)[1] if sigs else ("progress" if "progress" in sup and "progress" in ev.notes else None)
+        # then the stall: where the loss ends, or an output that stopped depending on the input
+        noted = max(sigs)[1] if sigs else next((v for v in ("progress", "output_collapse")
+                                                if v in sup and v in ev.notes), None)
     return noted
 
 

@@ -127,6 +127,10 @@ class PartContext:
         self._dbg._hooks.switch.forget([handle])
         handle.remove()
 
+    def unchecked_done(self, part: Addon, hook: str) -> None:
+        """Stop calling ``part``'s ``hook`` on unchecked steps."""
+        self._dbg._parts.retire_unchecked(part, hook)
+
     def report(self, key: tuple, msg: str, level: int = logging.WARNING) -> None:
         """Log ``msg`` once per ``key``."""
         self._dbg._report(key, msg, level)
@@ -154,10 +158,22 @@ class Parts:
         # the step hooks' receivers on an unchecked step: the parts that ask for them there
         self._unchecked = {h: [p for p in self._by_hook[h] if p.unchecked is None or h in p.unchecked]
                            for h in STEP_HOOKS}
-        #: whether a part asks for step_started or step_closed on unchecked steps
-        self.hears_unchecked_steps = bool(self._unchecked["step_started"] or self._unchecked["step_closed"])
+        self._heard()
         #: id(part) -> what its first failure was (its signatures then read "a monitor error")
         self.failed: dict[int, str] = {}
+
+    def retire_unchecked(self, part: Addon, hook: str) -> None:
+        """``part`` no longer receives ``hook`` on unchecked steps (still on checked ones)."""
+        if hook not in self._unchecked:
+            raise ValueError(f"{hook!r} is not a step hook; valid: {', '.join(STEP_HOOKS)}")
+        self._unchecked[hook] = [p for p in self._unchecked[hook] if p is not part]
+        self._heard()
+
+    def _heard(self) -> None:
+        #: whether a part asks for step_started or step_closed on unchecked steps
+        self.hears_unchecked_steps = bool(self._unchecked["step_started"] or self._unchecked["step_closed"])
+        #: whether a part still needs the optimizer hooks on unchecked steps
+        self.hears_unchecked_optimizer = bool(self._unchecked["optimizer_pre"] or self._unchecked["optimizer_post"])
 
     def wants(self, hook: str) -> bool:
         """Whether any part does something on ``hook``."""

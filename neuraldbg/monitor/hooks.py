@@ -289,7 +289,22 @@ class ModuleHooks:
     def _on_input(self, module, args, kwargs):
         buf = self.buf
         buf.root_called = True
-        if buf.active:  # the entry hooks would return at once for the rest of this step
+        if not buf.active:
+            # an unchecked step (this hook stays in the model): only whether a training batch is
+            # empty; for plain positional tensors read inline -- the general path below costs
+            # several calls, on every step
+            if not (torch.is_grad_enabled() and (self.root.training or self.eval_trains)):
+                return None  # a validation pass
+            if not kwargs:
+                empty = bool(args)
+                for a in args:
+                    if type(a) is not torch.Tensor:
+                        break  # containers, subclasses: the general path
+                    empty = empty and a.numel() == 0
+                else:
+                    self.batch_empty = empty
+                    return None
+        else:  # the entry hooks would return at once for the rest of this step
             self.entries.set(False)
         measure = not self._skip_forward(buf)
         if not measure and not (torch.is_grad_enabled() and (self.root.training or self.eval_trains)):

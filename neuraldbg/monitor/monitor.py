@@ -279,6 +279,7 @@ class NeuralDbg(CausalQueries):
 
     def _start_step(self, value: int) -> None:
         self._step = value
+        self._quiet_optimizers(value)
         self._hooks.start_step(value)
         self._parts.call_step("step_started", value, self._hooks.buf.active)
 
@@ -314,10 +315,20 @@ class NeuralDbg(CausalQueries):
             return False
         self._closed_active = False
         if buf.losses:
-            self._transfer.push(buf)
+            self._transfer.push_losses(buf)
         self._step = nxt
+        # _quiet_optimizers, inlined: this runs on every unchecked step (nxt is unchecked, every > 1)
+        self._optimizers.quiet = nxt % hooks.every >= 2 and not self._parts.hears_unchecked_optimizer
         hooks.next_unchecked(nxt)
         return True
+
+    def _quiet_optimizers(self, step: int) -> None:
+        """Whether the optimizer hooks return at once during ``step``: an unchecked step that is
+        not the one after a checked step (without ``dbg.step``, the optimizer step of a checked
+        step runs after ``record_loss`` opened the next one; its rate is noted there too), while no
+        part needs them on unchecked steps."""
+        every = self._hooks.every
+        self._optimizers.quiet = every > 1 and step % every >= 2 and not self._parts.hears_unchecked_optimizer
 
     def _close_step(self) -> None:
         self._closed_active = self._hooks.buf.active

@@ -24,6 +24,10 @@ class OptimizerWatch:
     ``pre(optimizer)`` / ``post(optimizer)`` are called around each step of a watched optimizer.
     """
 
+    #: set by the monitor on an unchecked step whose optimizer steps nothing needs (no part listens
+    #: there, and it is not the step after a checked one): the global hooks then return at once
+    quiet = False
+
     def __init__(self, root: nn.Module, explicit: Any, pre: Callable[[Any], None],
                  post: Callable[[Any], None]) -> None:
         self.root = root
@@ -102,6 +106,8 @@ class OptimizerWatch:
         return ours
 
     def _global_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.quiet:
+            return
         try:
             if self._watched(optimizer):
                 self._pre(optimizer)
@@ -110,6 +116,8 @@ class OptimizerWatch:
                          f"internal error in the optimizer hook: {e!r}")
 
     def _global_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.quiet:
+            return
         try:
             if self._watched(optimizer):
                 self._post(optimizer)

@@ -133,6 +133,26 @@ class HostTransfer:
         if self._checked >= self.sync_every or len(self.pending) >= MAX_PENDING:
             self.drain()
 
+    def push_losses(self, buf: "StepBuffer") -> None:
+        """:meth:`push` of a step that recorded nothing but losses (an unchecked step): the same
+        queue entry, built without the general packing, since this runs on every unchecked step."""
+        p = _Pending.__new__(_Pending)
+        p.step, p.checked, p.slots, p.ns, p.pgrad = buf.step, buf.active, (), _NO_COUNTS, buf.pgrad
+        p.scale, p.has_bwd, p.tables, p.ran_without_grad, p.lay = None, False, buf.tables, buf.ran_without_grad, None
+        floats: list = []
+        tensors: list = []
+        for x in buf.losses:  # a loop, not comprehensions: each of those is a call on Python < 3.12
+            if isinstance(x, torch.Tensor):
+                tensors.append(x if x.dim() == 0 else x.reshape(()))
+            else:
+                floats.append(x)
+        p.floats, p.tensors, p.scalars, p.n_scalars = floats, tensors, tensors, len(tensors)
+        p.vectors, p.n_vectors = [], 0
+        self.pending.append(p)
+        self._checked += buf.active
+        if self._checked >= self.sync_every or len(self.pending) >= MAX_PENDING:
+            self.drain()
+
     def drain(self) -> None:
         """Move every queued step to the host in one copy and consume them in order."""
         pending, self.pending, self._checked = self.pending, [], 0

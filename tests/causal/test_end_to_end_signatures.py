@@ -6,6 +6,7 @@ not like the zoo's; each run trains for a second or two on one thread.
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -71,10 +72,10 @@ def teacher_batch(gen, n=64):
     return x, (x @ TEACHER).argmax(dim=1)  # a random linear teacher: learnable in a few dozen steps
 
 
-def run(seed, *, lr=3e-3, gain=1.0, adapters=False, b_std=0.0, regression=False, fault=None):
+def run(seed, *, lr=3e-3, gain=1.0, adapters=False, b_std=0.0, regression=False, fault=None, ids_out=False):
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(100 + seed)
-    model = Net(d_out=1 if regression else 4)
+    model = Net(d_out=1 if regression or ids_out else 4)
     if adapters:
         model = Adapted(model, b_std=b_std)
     if gain != 1.0:
@@ -98,7 +99,12 @@ def run(seed, *, lr=3e-3, gain=1.0, adapters=False, b_std=0.0, regression=False,
                 y = y[torch.randperm(len(y), generator=gen)]
             opt.zero_grad()
             out = model(x)
-            loss = F.mse_loss(out, y) if regression else F.cross_entropy(out, y)
+            if ids_out:  # class ids regressed from one output: (B,) against (B, 1) broadcasts to (B, B)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)
+                    loss = F.mse_loss(out, y.float())
+            else:
+                loss = F.mse_loss(out, y) if regression else F.cross_entropy(out, y)
             loss.backward()
             dbg.record_loss(loss)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -206,6 +212,23 @@ def test_labels_shuffled_under_a_slow_learner_are_corrupted_data(seed):
     assert top(dbg) == ("data", "corrupted"), dbg.get_causal_hypotheses()
     assert dbg.posterior().p_healthy < 0.5
     assert run(seed, adapters=True).posterior().p_healthy > 0.8  # the same adapters, labels kept
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_class_ids_regressed_through_a_broadcast_are_not_learning(seed):
+    """Regression: a loss that only a constant can meet (class ids regressed by MSE, the (B,)
+    targets broadcast against (B, 1) predictions) fell from its start as the mean id was learned,
+    so with no chance level ``progress`` read "learning" and some runs read healthy. The output's
+    spread across the batch collapses: the run learned nothing of its input, and no modeled cause
+    explains it."""
+    from neuraldbg.causal.evidence import extract
+
+    dbg = run(seed, ids_out=True)
+    ev = extract(dbg.trace())
+    assert ev.observed["output_collapse"] == "present" and "progress" not in ev.observed
+    assert top(dbg) == ("unexplained", "not_learning"), dbg.get_causal_hypotheses()
+    assert dbg.posterior().p_healthy < 0.5
+    assert extract(run(seed, regression=True).trace()).observed["output_collapse"] == "absent"
 
 
 @pytest.mark.parametrize("factor,state", [(100.0, "too_large"), (0.01, "too_small")])

@@ -141,3 +141,22 @@ def test_an_unchecked_step_calls_only_the_parts_that_ask_for_it(registered):
     assert [c for c in checked_only.calls if c in step_calls] == [c for c in step_calls if c[-1]]
     assert [c for c in post_only.calls if c in step_calls] == \
         [c for c in step_calls if c[-1] or c[0] == "optimizer_post"]
+
+
+def test_a_part_done_with_unchecked_steps_stops_hearing_them(registered):
+    class Counter(Recorder):
+        unchecked = ("optimizer_post",)
+
+        def optimizer_post(self, ctx, optimizer, checked):
+            super().optimizer_post(ctx, optimizer, checked)
+            if sum(1 for c in self.calls if c[0] == "optimizer_post" and not c[-1]) == 2:
+                ctx.unchecked_done(self, "optimizer_post")
+
+    registered(Counter)
+    r = run(steps=30, monitor={"every": 5})
+    part = next(p for p in r.dbg._parts.all if type(p) is Counter)
+    posts = [c for c in part.calls if c[0] == "optimizer_post"]
+    assert sum(not c[-1] for c in posts) == 2  # then no more on unchecked steps ...
+    assert sum(c[-1] for c in posts) == 6      # ... and still on every checked one
+    with pytest.raises(ValueError, match="valid: step_started, step_closed, optimizer_pre, optimizer_post"):
+        r.dbg._parts.retire_unchecked(part, "checked_step")

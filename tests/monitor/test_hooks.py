@@ -85,11 +85,12 @@ def test_a_checked_step_measures_with_one_foreach_norm_per_backward():
     # one for every parameter gradient at once; two for the step-size probe of the optimizer the
     # monitor found (the weights before the step, the update)
     assert extra["aten._foreach_norm.Scalar"] == 3
-    # no per-parameter squares of the gradients (the old path): of the three multiplications, two
-    # are the step-size probe's (one per weight/update sum of squares it reduces per layer) and
-    # one the input-scale measurement's (the entry layer's input squared, summed per feature)
+    # no per-parameter squares of the gradients (the old path): of the five multiplications, two
+    # are the step-size probe's (one per weight/update sum of squares it reduces per layer), one
+    # the input-scale measurement's (the entry layer's input squared, summed per feature) and two
+    # the output spread's (the deviations and the mean squared, once for the whole output)
     assert extra.get("aten.index_add_.default", 0) == 2
-    assert extra.get("aten.mul.Tensor", 0) == 3
+    assert extra.get("aten.mul.Tensor", 0) == 5
     assert extra.get("aten._local_scalar_dense.default", 0) <= 2  # the CPU input's finiteness check only
 
 
@@ -258,10 +259,25 @@ def test_an_unchecked_step_runs_no_python_of_the_monitor_per_module_or_parameter
     for hook in ("_on_output", "_on_param_grad", "_on_entry"):
         assert deep[f"hooks.py:{hook}"] == 0
     assert sum(deep.values()) < 60  # the per-step bookkeeping only (record_loss, the optimizer hooks)
-    # between two unchecked steps the step closes without take or start (38 calls, not 54)
-    assert deep["transfer.py:push"] == 1
+    # between two unchecked steps the step closes without take or start, and its losses are queued
+    # without the general packing
+    assert deep["transfer.py:push_losses"] == 1 and deep["transfer.py:push"] == 0
     assert deep["hooks.py:take"] == deep["hooks.py:start_step"] == 0
     assert sum(deep.values()) < 45
+
+
+@pytest.mark.parametrize("optimizer", [False, True])
+def test_once_the_windows_closed_an_unchecked_optimizer_step_runs_none_of_the_parts(optimizer):
+    """The loop's stale check (16 checked optimizer steps) and the resumed-optimizer check (64 steps)
+    need the optimizer hooks on unchecked steps only until their windows close: then the global
+    hooks return at once, and the step is the loss bookkeeping, the input hook and those two."""
+    early = neuraldbg_calls(2, step_fn_steps=13, every=10, optimizer=optimizer)   # step 13: windows open
+    late = neuraldbg_calls(2, step_fn_steps=203, every=10, optimizer=optimizer)   # step 203: both closed
+    assert early["loop.py:optimizer_post"] == 1
+    assert late["loop.py:optimizer_post"] == late["weights.py:optimizer_pre"] == 0
+    assert late["optimizers.py:_global_pre"] == late["optimizers.py:_global_post"] == 1
+    assert late["optimizers.py:_watched"] == 0
+    assert sum(late.values()) <= 12, late
 
 
 def test_a_checked_step_calls_the_entry_hooks_not_at_all_once_the_root_ran():

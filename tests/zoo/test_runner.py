@@ -45,7 +45,7 @@ def test_injections_are_bound_and_well_formed(arch):
     expected = set(ROOTS) - ({"architecture"} if arch == "lora" else set())
     if arch not in LOOP_ARCHS + ("lora",):
         expected -= {"training_loop"}
-    if arch != "cnn":
+    if arch not in ("cnn", "mlp"):
         expected -= {"unexplained"}
     assert {i.truth[0] for i in injs[1:]} == expected
 
@@ -54,8 +54,9 @@ def test_general_injections_cover_the_mlp_family():
     loop = {"zero_grad_missing", "optimizer_misses_layer", "layer_detached", "softmax_before_ce"}
     for arch in ("compiled", "dataparallel"):
         assert set(models.injection_names(arch)) == GENERAL | set(LABEL_FAULTS)
-    assert set(models.injection_names("mlp")) == GENERAL | set(LABEL_FAULTS) | loop
-    assert set(models.injection_names("cnn")) == GENERAL | set(LABEL_FAULTS) | loop | {"bottleneck_width1"}
+    assert set(models.injection_names("mlp")) == GENERAL | set(LABEL_FAULTS) | loop | {"regression_on_class_ids"}
+    assert set(models.injection_names("cnn")) == (GENERAL | set(LABEL_FAULTS) | loop
+                                                  | {"bottleneck_width1", "regression_on_class_ids"})
 
 
 @pytest.mark.parametrize("arch", sorted(EXPECTED))

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from neuraldbg.causal.nodes.output import OUTPUT_CV, OUTPUT_SPREAD_DROP, collapse_state
 from neuraldbg.causal.nodes.run import STARTED_TRAINED, chance_loss
 from neuraldbg.causal.structure import NoisyMax, Reading, Table
 from neuraldbg.causal.view import TraceView
@@ -143,8 +144,15 @@ def loss_pattern_reading(view: TraceView) -> Reading | None:
     non-finite one and leaves the return itself to ``target_fault``. A curve that started above
     the level it went back to (a language model's first loss above ``ln K``) reads "decreasing"
     from end to end although it went back; that reading is the same curve too, so the pattern
-    is then unobserved."""
+    is then unobserved. Likewise, without a chance level, a "decreasing" loss whose model output
+    collapsed (``output_collapse``) only learned a constant: the pattern is then "no
+    instability", undecided between its calm shapes."""
     r = loss_pattern_of(view)
+    if r is not None and r.state == "decreasing" and chance_loss(view.signatures) is None and _collapsed(view):
+        # as for progress: without a chance level, a fall whose output collapsed is a constant
+        # being learned; what remains observed is that the loss did not blow up
+        return Reading(CALM_LOSS, r.support, f"{r.note} (the model's output collapsed to a constant: the fall is "
+                                             "that constant being learned)")
     if r is None or not _returned_to_chance(view):
         return r
     if r.state == "decreasing":
@@ -224,6 +232,12 @@ def progress(view: TraceView) -> Reading | None:
         # a resumed or pre-trained run has little left to gain: a flat loss is no stall
         return Reading(None, reason=f"no chance level to read the loss against, and the run did not start at "
                                     f"initialization ({trained})")
+    if chance is None and _collapsed(view):
+        # against its own start a fall is learning only if what was learned depends on the input:
+        # an output that collapsed learned a constant (a regression's target mean), and that is
+        # output_collapse's reading, not progress
+        return Reading(None, reason="no chance level, and the model's output collapsed to a constant: the loss's "
+                                    "fall from its start is that constant being learned")
     got = progress_ratio(vals, chance)
     if got is None:
         return Reading(None, reason=f"fewer than {MIN_LOSS_POINTS} finite losses, or no positive reference")
@@ -236,6 +250,11 @@ def progress(view: TraceView) -> Reading | None:
         return Reading(None, reason=(f"the loss learned, then went back to chance ({ratio:.2f}x {what}): "
                                      "the stall is that return, read by target_fault"))
     return Reading(state, (), f"the loss ends at {ratio:.2f}x {what} ({ref:.3g}) after {trace.loss.n} steps")
+
+
+def _collapsed(view: TraceView) -> bool:
+    cv, drop = view.signatures.number(OUTPUT_CV), view.signatures.number(OUTPUT_SPREAD_DROP)
+    return cv is not None and drop is not None and collapse_state(cv, drop) == "present"
 
 
 def order(view: TraceView) -> Reading | None:

@@ -77,8 +77,8 @@ class LoopWatch(Measurement):
 
     signatures = (STALE_STEPS, STALE_CHECKED, ORPHAN_PARAMS, ORPHAN_LAYER, DETACHED_PARAMS, DETACHED_LAYER,
                   LOOP_CHECKED, PROB_SHARE_SIG)
-    #: every optimizer step is counted (the stale check asks "stepped since"); the rest waits
-    #: for checked steps
+    #: every optimizer step is counted (the stale check asks "stepped since") until the stale
+    #: window is full; the rest waits for checked steps
     unchecked = ("optimizer_post",)
 
     def __init__(self) -> None:
@@ -195,6 +195,8 @@ class LoopWatch(Measurement):
             self._opt_events += 1
             self._events.append(["opt", id(optimizer)])
             self._at["stale"] = ctx.step
+            if self._opt_events >= STALE_WINDOW:
+                ctx.unchecked_done(self, "optimizer_post")  # nothing left to count steps for
         if self._opt_checked < self._opt_until:
             self._opt_checked += 1
             # the model as it is now (host-side attributes only): the layer map is refreshed only

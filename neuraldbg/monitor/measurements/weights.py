@@ -29,6 +29,11 @@ from neuraldbg.monitor.stats import is_plain, local, local_numel, measurable
 TRANSFORMER_STD = CONFIG_RANGE_CONVENTION
 
 
+#: steps after the first optimizer step heard within which an optimizer found with state is read as
+#: a resumed run: every optimizer of a loop steps in its first steps (after a gradient accumulation
+#: of up to this many micro-batches, without ``dbg.step``)
+FOUND_WITHIN = 64
+
 def fans(shape: torch.Size) -> tuple[int, int]:
     """(fan_in, fan_out) of a weight of ``shape``, as ``torch.nn.init`` computes them."""
     receptive = math.prod(shape[2:]) if len(shape) > 2 else 1
@@ -189,6 +194,7 @@ class _EntryWeights(Measurement):
         self.value: tuple[float | None, int] = (None, 0)
         self.not_at_init: str | None = None
         self._seen: set[int] = set()
+        self._first_heard: int | None = None
         self._ctx: AddonContext | None = None
 
     def enter(self, ctx: AddonContext) -> None:
@@ -205,7 +211,15 @@ class _EntryWeights(Measurement):
         raise NotImplementedError
 
     def optimizer_pre(self, ctx: AddonContext, optimizer: Any, checked: bool) -> None:
-        """An optimizer found later that already holds state before its first step: resumed."""
+        """An optimizer found later that already holds state before its first step: resumed
+        (within :data:`FOUND_WITHIN` steps of the first one heard; then the hook retires)."""
+        if self._first_heard is None:
+            self._first_heard = ctx.step
+        elif ctx.step - self._first_heard >= FOUND_WITHIN:
+            # an optimizer that first steps this late starts a new phase of the run: its state
+            # says nothing of how the run began, and unchecked steps need not hear the optimizers
+            ctx.unchecked_done(self, "optimizer_pre")
+            return
         if id(optimizer) in self._seen:
             return
         self._seen.add(id(optimizer))

@@ -190,3 +190,30 @@ def test_at_init_wins_over_the_first_loss():
         assert cov.observed is observed
         if not observed:
             assert cov.reason == "not at initialization: loaded from my_run.pt"
+
+
+def test_an_optimizer_that_first_steps_late_is_a_new_phase_not_a_resume():
+    """Once the windows closed, unchecked steps no longer hear the optimizers: an optimizer built
+    mid-run on such a step is first heard on a later one, already holding state. Only an optimizer
+    found within ``FOUND_WITHIN`` steps of the first one heard says how the run began; this one
+    starts a second phase, and the initialization measured on entry stands."""
+    import torch.nn.functional as F
+
+    from neuraldbg import NeuralDbg
+    from neuraldbg.monitor.measurements.weights import FOUND_WITHIN, InitScale
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    with NeuralDbg(model, every=10) as dbg:
+        for step in range(FOUND_WITHIN + 200):
+            if step == FOUND_WITHIN + 143:  # a second phase, on an unchecked step after both windows
+                opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            dbg.record_loss(loss)
+            opt.step()
+    assert dbg.addon(InitScale).not_at_init is None
+    assert dbg.signatures().gap(next(iter(InitScale.signatures))) is None
