@@ -318,9 +318,10 @@ def _regress_class_ids(trainer, inj: Injection) -> None:
 
 
 #: classifiers whose loop applies ``Trainer.criterion`` to ``(output, labels)``; the GNN's loop
-#: does too, but its last GCN layer has no bias and cannot output a constant: its loss keeps
-#: falling as its spread shrinks, so neither its loss nor its output shows the stall -- only its
-#: held-out accuracy does, which a monitor never sees
+#: does too, but its last GCN layer applies the normalized adjacency after its bias, and the
+#: adjacency's rows do not sum to one: it cannot output a constant, its loss keeps falling as its
+#: spread shrinks, and neither its loss nor its output shows the stall -- only its held-out
+#: accuracy does, which a monitor never sees
 CRITERION_ARCHS = ("mlp", "cnn")
 
 register_injection(Injection(
