@@ -80,6 +80,7 @@ class OutputSpread(Measurement):
         self._seen_step: int | None = None
         self._last_step: int | None = None
         self._compiled = False
+        self._single = False  # a training output with a batch of one was seen
         self._read: tuple[int, tuple[float, float] | None] | None = None  # (measured count, result)
         self._count = 0
 
@@ -99,8 +100,10 @@ class OutputSpread(Measurement):
         if len(self._first) >= OUTPUT_WINDOW and ctx.step - (self._last_step or 0) < READ_GAP:
             return None
         y = output_tensor(output, getattr(output, "loss", None) if not isinstance(output, torch.Tensor) else None)
-        if not isinstance(y, torch.Tensor) or not y.is_floating_point() or not y.requires_grad \
-                or y.dim() < 1 or y.shape[0] < 2:
+        if not isinstance(y, torch.Tensor) or not y.is_floating_point() or not y.requires_grad or y.dim() < 1:
+            return None
+        if y.shape[0] < 2:
+            self._single = True  # a batch of one: no spread across it
             return None
         self._seen_step = ctx.step
         with torch.no_grad():
@@ -142,6 +145,8 @@ class OutputSpread(Measurement):
         """Why no spread: compiled, too few checked steps, or non-finite outputs."""
         if self._compiled and not self._first:
             why = "the model is compiled: its output is not read inside the compiled graph"
+        elif self._single and not self._first:
+            why = "the model's output has a batch of one: no spread across the batch to read"
         elif len(self._last) < OUTPUT_WINDOW:
             why = (f"the model's training output was seen on {self._count} checked steps, fewer than "
                    f"{2 * OUTPUT_WINDOW}")

@@ -90,3 +90,17 @@ def test_the_hook_runs_on_checked_steps_only(monkeypatch):
     monkeypatch.setattr(S, "spread_and_rms", lambda y: calls.append(1) or orig(y))
     _run("healthy", steps=40, every=10)
     assert len(calls) == 4
+
+
+def test_a_batch_of_one_is_a_gap_that_says_so():
+    model = nn.Sequential(nn.Linear(8, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with NeuralDbg(model) as dbg:
+        for _ in range(20):
+            loss = model(torch.randn(1, 8)).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            dbg.record_loss(loss)
+            opt.step()
+    sigs = dbg.signatures()
+    assert sigs.number(OUTPUT_CV) is None and "batch of one" in sigs.gap(OUTPUT_CV)
