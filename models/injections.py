@@ -310,8 +310,8 @@ def _regress_class_ids(trainer, inj: Injection) -> None:
     model = trainer.model
     name, head = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)][-1]
     one = nn.Linear(head.in_features, 1).to(head.weight.device, head.weight.dtype)
-    parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
-    setattr(parent, name.rpartition(".")[2], one)
+    parent, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent), attr, one)  # get_submodule("") is the model itself
     opt = trainer.optimizer
     trainer.optimizer = type(opt)(model.parameters(), **opt.defaults)
     trainer.criterion = _broadcast_mse

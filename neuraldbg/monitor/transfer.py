@@ -60,6 +60,25 @@ class _Pending:
         self.vectors: list[torch.Tensor] = []
         self.n_scalars = self.n_vectors = 0
 
+    @classmethod
+    def of_losses(cls, buf: "StepBuffer") -> "_Pending":
+        """The entry of a step that recorded nothing but losses, packed as :meth:`pack` would pack
+        it (no layout, the tensor losses as the scalars), in one call: this runs on every
+        unchecked step."""
+        p = cls.__new__(cls)
+        p.step, p.checked, p.slots, p.ns, p.pgrad = buf.step, buf.active, (), _NO_COUNTS, buf.pgrad
+        p.scale, p.has_bwd, p.tables, p.ran_without_grad, p.lay = None, False, buf.tables, buf.ran_without_grad, None
+        floats: list = []
+        tensors: list = []
+        for x in buf.losses:  # a loop, not comprehensions: each of those is a call on Python < 3.12
+            if isinstance(x, torch.Tensor):
+                tensors.append(x if x.dim() == 0 else x.reshape(()))
+            else:
+                floats.append(x)
+        p.floats, p.tensors, p.scalars, p.n_scalars = floats, tensors, tensors, len(tensors)
+        p.vectors, p.n_vectors = [], 0
+        return p
+
     def pack(self, lay: "_Layout | None", records: list[tuple]) -> None:
         """This step's values in flat order (see :class:`_Layout`): the scalars (record values,
         losses, scale), then the per-unit ReLU maxima and the gradient norms. A checked step's
@@ -136,18 +155,7 @@ class HostTransfer:
     def push_losses(self, buf: "StepBuffer") -> None:
         """:meth:`push` of a step that recorded nothing but losses (an unchecked step): the same
         queue entry, built without the general packing, since this runs on every unchecked step."""
-        p = _Pending.__new__(_Pending)
-        p.step, p.checked, p.slots, p.ns, p.pgrad = buf.step, buf.active, (), _NO_COUNTS, buf.pgrad
-        p.scale, p.has_bwd, p.tables, p.ran_without_grad, p.lay = None, False, buf.tables, buf.ran_without_grad, None
-        floats: list = []
-        tensors: list = []
-        for x in buf.losses:  # a loop, not comprehensions: each of those is a call on Python < 3.12
-            if isinstance(x, torch.Tensor):
-                tensors.append(x if x.dim() == 0 else x.reshape(()))
-            else:
-                floats.append(x)
-        p.floats, p.tensors, p.scalars, p.n_scalars = floats, tensors, tensors, len(tensors)
-        p.vectors, p.n_vectors = [], 0
+        p = _Pending.of_losses(buf)
         self.pending.append(p)
         self._checked += buf.active
         if self._checked >= self.sync_every or len(self.pending) >= MAX_PENDING:

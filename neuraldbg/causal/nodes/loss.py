@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from neuraldbg.causal.nodes.output import OUTPUT_CV, OUTPUT_SPREAD_DROP, collapse_state
+from neuraldbg.causal.nodes.output import output_collapse
 from neuraldbg.causal.nodes.run import STARTED_TRAINED, chance_loss
 from neuraldbg.causal.structure import NoisyMax, Reading, Table
 from neuraldbg.causal.view import TraceView
@@ -253,8 +253,7 @@ def progress(view: TraceView) -> Reading | None:
 
 
 def _collapsed(view: TraceView) -> bool:
-    cv, drop = view.signatures.number(OUTPUT_CV), view.signatures.number(OUTPUT_SPREAD_DROP)
-    return cv is not None and drop is not None and collapse_state(cv, drop) == "present"
+    return output_collapse(view).state == "present"
 
 
 def order(view: TraceView) -> Reading | None:
