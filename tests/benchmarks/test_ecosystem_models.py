@@ -36,9 +36,18 @@ def test_interface_mirrors_the_zoo():
     runs = eco.suite_runs(quick=False)
     assert sum(1 for _, n, _ in runs if n == "healthy") >= 100
     assert len(eco.suite_runs(quick=True)) < len(runs) / 2
-    # an arch outside the suite's lists still runs when named with explicit seeds
-    assert not any(a == "torch_encoder_deep" for a, _, _ in runs + eco.suite_runs(quick=True))
-    assert "torch_encoder_deep" in eco.architectures()
+    # an arch with its own injection list runs only those in the suite
+    assert {n for a, n, _ in runs if a == "torch_encoder_deep"} == {"healthy", "no_warmup", "lr_x100", "lr_div1e4"}
+
+
+def test_an_arch_outside_the_suite_runs_only_when_named(monkeypatch):
+    import dataclasses
+
+    archs = dict(eco._ARCHS)
+    archs["torch_lstm"] = dataclasses.replace(archs["torch_lstm"], in_suite=False)
+    monkeypatch.setattr(eco, "_ARCHS", archs)
+    assert not any(a == "torch_lstm" for quick in (False, True) for a, _, _ in eco.suite_runs(quick=quick))
+    assert "torch_lstm" in eco.architectures() and eco.injections("torch_lstm")[0].name == "healthy"
 
 
 @pytest.mark.parametrize("arch,library", [("torch_lstm", "torch"), ("pyg_gcn", "torch_geometric"),

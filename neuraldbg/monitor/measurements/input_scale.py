@@ -16,7 +16,12 @@ last dimension, channels for a convolution) is reduced on the device and kept as
 elementwise maximum, also on the device (and the first measured step's apart: off-scale from
 the start, a warm-up comparison cannot see it); :meth:`InputScale.summary` reads it with one host
 transfer. Once the entry layers are known the hooks on the other candidates are removed.
-Pure functions of tensors first, then the measurement.
+
+The input's scale is a property of the data, not of one step: it is read on the first
+:data:`FIRST_CHECKS` checked steps (off-scale from the start shows there) and then on every
+:data:`EVERY_CHECK`-th one, so a feature that goes off-scale mid-run is seen within that many
+checks, and the per-feature reductions (a pass over the input each) are not paid on every
+check. Pure functions of tensors first, then the measurement.
 """
 from __future__ import annotations
 
@@ -36,6 +41,15 @@ from neuraldbg.monitor.records import tensors_of
 
 #: offending features named in ``input_off_scale`` (the largest first)
 NAMED_FEATURES = 5
+#: checked steps read one after the other from the start, then one check in EVERY_CHECK
+FIRST_CHECKS = 16
+EVERY_CHECK = 8
+
+
+def check_due(checks_done: int) -> bool:
+    """Whether the input scale is read on a checked step after ``checks_done`` earlier ones:
+    each of the first :data:`FIRST_CHECKS`, then every :data:`EVERY_CHECK`-th. Pure."""
+    return checks_done < FIRST_CHECKS or (checks_done - FIRST_CHECKS) % EVERY_CHECK == EVERY_CHECK - 1
 
 
 def feature_dim(module: nn.Module, x: torch.Tensor) -> int:
@@ -134,6 +148,8 @@ class InputScale(Measurement):
         self._known = False                      # the entry layers are known (candidates pruned)
         self._root_called = False                # the root's forward ran in this step
         self._at: int | None = None
+        self._checks = 0                         # checked steps closed since the entry layers were known
+        self._due = True                         # this checked step reads the input scale
 
     def enter(self, ctx: AddonContext) -> None:
         """Hook the model's inputs (root and direct children) and every candidate entry layer."""
@@ -171,7 +187,7 @@ class InputScale(Measurement):
 
     def _read_model_input(self, is_root: bool, args: tuple, kwargs: dict) -> None:
         ctx = self._ctx
-        if torch.compiler.is_compiling() or ctx is None or not ctx.measuring():
+        if not self._due or torch.compiler.is_compiling() or ctx is None or not ctx.measuring():
             return None
         if is_root:
             self._root_called = True
@@ -189,7 +205,7 @@ class InputScale(Measurement):
 
     def _on_layer(self, name: str, module: nn.Module, args: tuple) -> None:
         ctx = self._ctx
-        if not self._inputs or not args or torch.compiler.is_compiling() or not ctx.measuring():
+        if not self._due or not self._inputs or not args or torch.compiler.is_compiling() or not ctx.measuring():
             return None
         x = args[0]
         if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() == 0 or x.is_sparse or \
@@ -223,6 +239,11 @@ class InputScale(Measurement):
                 for h in self._handles[1:]:
                     ctx.release(h)
                 self._handles = self._handles[:1]
+        if checked and self._known:
+            # counted from the step the entry layers became known, so the first FIRST_CHECKS
+            # readings are the run's first (a run without float inputs never counts)
+            self._due = check_due(self._checks)
+            self._checks += 1
         self._inputs = {}
         self._root_called = False
 

@@ -13,8 +13,9 @@ from neuraldbg import NeuralDbg
 from neuraldbg.causal import api
 from neuraldbg.causal.nodes.data import (INPUT_FEATURES, INPUT_NORMALIZED_AT, INPUT_OFF_SCALE, INPUT_RMS_FIRST,
                                          INPUT_RMS_LARGE, INPUT_RMS_MAX, input_scale_state)
-from neuraldbg.monitor.measurements.input_scale import (InputScale, feature_abs_max, feature_dim, feature_rms, is_norm,
-                                                        off_scale, running_max)
+from neuraldbg.monitor.measurements.input_scale import (EVERY_CHECK, FIRST_CHECKS, InputScale, check_due,
+                                                        feature_abs_max, feature_dim, feature_rms, is_norm, off_scale,
+                                                        running_max)
 
 
 # ---- pure functions -------------------------------------------------------------------------
@@ -186,20 +187,52 @@ def test_unchecked_steps_measure_nothing():
     assert dict(dbg.trace().signatures.items())[INPUT_RMS_MAX.name] == pytest.approx(1000.0)
 
 
-def test_the_first_step_is_kept_apart_from_the_running_maximum():
-    torch.manual_seed(0)
+def _scaled_run(scales, every=1) -> dict:
+    """The signatures of a run whose inputs are ones times each step's scale."""
     model = nn.Sequential(nn.Linear(2, 2))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    with NeuralDbg(model, optimizer=opt) as dbg:
-        for s, scale in enumerate((1.0, 1.0, 500.0)):  # a column in other units from step 2 on
+    with NeuralDbg(model, optimizer=opt, every=every) as dbg:
+        for s, scale in enumerate(scales):
             dbg.step = s
             loss = model(scale * torch.ones(4, 2)).pow(2).mean()
             opt.zero_grad()
             loss.backward()
             dbg.record_loss(loss)
             opt.step()
-    sig = dict(dbg.trace().signatures.items())
+    return dict(dbg.trace().signatures.items())
+
+
+def test_the_first_step_is_kept_apart_from_the_running_maximum():
+    sig = _scaled_run((1.0, 1.0, 500.0))  # a column in other units from step 2 on
     assert sig[INPUT_RMS_FIRST.name] == pytest.approx(1.0) and sig[INPUT_RMS_MAX.name] == pytest.approx(500.0)
+
+
+def test_check_due_reads_the_first_checks_then_one_in_every_check():
+    assert (FIRST_CHECKS, EVERY_CHECK) == (16, 8)  # the cut points the cases are computed for
+    due = [n for n in range(48) if check_due(n)]
+    assert due == list(range(16)) + [23, 31, 39, 47]
+
+
+def test_after_the_first_checks_the_scale_is_read_one_check_in_every_check(monkeypatch):
+    """Past the first checks the per-feature reductions run on one check in EVERY_CHECK, and a
+    column that goes off-scale there is still read within that many checks."""
+    import neuraldbg.monitor.measurements.input_scale as IS
+
+    calls = []
+    real = IS.feature_rms
+    monkeypatch.setattr(IS, "feature_rms", lambda x, d: calls.append(1) or real(x, d))
+    def rms_max(scales, every=1):
+        return _scaled_run(scales, every)[INPUT_RMS_MAX.name]
+
+    n = 1 + FIRST_CHECKS + 3 * EVERY_CHECK  # the step that finds the entry layer, then the schedule
+    assert rms_max([1.0] * n) == pytest.approx(1.0)
+    assert len(calls) == 1 + FIRST_CHECKS + 3
+    # off-scale from a step the schedule skips: read at the next due check
+    skipped = 1 + FIRST_CHECKS + 1
+    assert rms_max([1.0] * skipped + [500.0] * EVERY_CHECK) == pytest.approx(500.0)
+    assert rms_max([1.0] * skipped + [500.0] * (EVERY_CHECK - 3) + [1.0] * 3) == pytest.approx(1.0)
+    # the schedule counts checked steps, not steps
+    assert rms_max([1.0] * (2 * skipped) + [500.0] * (2 * EVERY_CHECK), every=2) == pytest.approx(500.0)
 
 
 # ---- end to end: only the input's scale decides --------------------------------------------------
