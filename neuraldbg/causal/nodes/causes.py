@@ -29,12 +29,16 @@ Cut points (reasoning in ``docs/causal_model.md``):
   move, too slowly to learn in a short run -- a learning rate 10-100x too low, or a fine-tune at
   a deliberately small rate (which then learns: ``progress`` tells the two apart).
 * ``STEP_EXTREME`` -- "extreme": the median layer's largest update over the window
-  (``step_ratio_peak``; the first updates, read at the peak rate) moves it by more than its own
-  norm in one step. A step that large rewrites the weights each step, in any model: the healthy
-  runs of both suites reach at most 0.51 there (the zoo's small transformer at AdamW 1e-2 with
-  weights of std 0.02), rates 100x too high 1.2..15. Above ``STEP_LARGE`` the window's median
-  no longer tells the two apart: weights blown up by the first steps shrink the later ratios
-  (a 100x rate settles at 0.2..0.5, where a small model at a bold healthy rate sits too).
+  (``step_ratio_peak``; the first updates, read at the peak rate) moves it by more than three
+  quarters of its own norm in one step. Under Adam the first updates move each weight by about
+  the rate, so the ratio is about the rate over the weights' RMS: the healthy runs of both suites
+  reach at most 0.51 there (the zoo's small transformer at AdamW 1e-2 with weights of std 0.02),
+  rates 100x too high 0.97..15 (a 4-layer ``nn.TransformerEncoder`` at 1e-1: 0.97 and 0.98, which
+  a cut at one norm missed). 0.75 sits 1.5x above the boldest healthy run and under every rate
+  100x too high; weights scaled by 1e-3 or blown up reach it too (0.81..1.24), whose own
+  witness is ``init_scale``. Above ``STEP_LARGE`` the window's median no longer tells the two
+  apart: weights blown up by the first steps shrink the later ratios (a 100x rate settles at
+  0.2..0.5, where a small model at a bold healthy rate sits too).
 * ``INIT_LOG10_CUT`` -- healthy models of both suites sit within 0.05 (log10) of a reference
   scale; ``0.5`` is a factor of 3.2 off *every* reference of the layer, ten times that band.
 * ``ADAPTER_LARGE`` -- LoRA zero-initializes ``B`` so fine-tuning starts at the pre-trained
@@ -74,7 +78,7 @@ STEP_TINY = 1e-4
 STEP_SMALL = 0.004
 STEP_ELEVATED = 0.05
 STEP_LARGE = 0.2
-STEP_EXTREME = 1.0
+STEP_EXTREME = 0.75
 INIT_LOG10_CUT = 0.5
 ADAPTER_LARGE = 0.5
 CONFIG_RANGE_FACTOR = 10.0
