@@ -139,9 +139,9 @@ def loss_pattern(view: TraceView) -> Reading | None:
     # the spikes were a confident model's mistakes on single batches: the curve is read without
     # them, and the note says why they were not read as instability
     peaks = ", ".join(f"step {e.step} ({e.measured['loss']:.3g})" for e in spikes[:3])
-    return Reading(r.state, r.support, f"{r.note}; loss spike{'s' if len(spikes) > 1 else ''} at {peaks} stayed "
-                                       "below chance level and was gone on the next batches: confident mistakes, "
-                                       "not instability")
+    what = "loss spikes" if len(spikes) > 1 else "a loss spike"
+    return Reading(r.state, r.support, f"{r.note}; {what} at {peaks} stayed below chance level and the loss was "
+                                       "back at its level on the next batches: confident mistakes, not instability")
 
 
 def _calm_pattern(loss, opt: list[Event]) -> Reading:
