@@ -2,7 +2,7 @@
 
     python -m benchmarks.overhead [--model mlp transformer deep100 deep500 bert] [--optimizer sgd adam]
                                   [--every 1 10] [--pairs 15] [--block 20] [--device cpu|cuda] [--threads 1]
-                                  [--arm monitor anomaly nullhooks] [--give-optimizer] [--clock wall|thread]
+                                  [--arm monitor anomaly nullhooks cockpit] [--give-optimizer] [--clock wall|thread]
     python -m benchmarks.overhead --scaling [--layers 500 1000 2000]
     python -m benchmarks.overhead --entry [--layers 100 250 500 1000]
 
@@ -16,7 +16,10 @@ monitor (its step-size probe copies the weights on the first 16 checked steps).
 ``--arm`` picks what the second copy trains under: ``monitor`` (``NeuralDbg``), or a reference:
 ``anomaly`` (``torch.autograd.set_detect_anomaly(True)`` during its blocks) or ``nullhooks``
 (a forward hook on every monitored module and a post-accumulate-grad hook on every parameter,
-all returning at once: the floor of any per-module hook). The references ignore ``--every``.
+all returning at once: the floor of any per-module hook); these two ignore ``--every``.
+``cockpit`` is Cockpit's economy configuration (``cockpit-for-pytorch``, installed separately)
+tracking every ``--every``-th step, set up as its documentation does (BackPACK-extended model and
+loss, the individual losses passed on every step); it runs on ``mlp``, ``deep100`` and ``deep500``.
 
 ``--scaling`` times a model of many small parallel layers (no events fire on it) and reports
 the monitor's cost per monitored layer per checked step and the hook-registration time.
@@ -29,7 +32,8 @@ import argparse
 import gc
 import statistics
 import time
-from typing import Callable
+import warnings
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -42,6 +46,23 @@ ANCHORS = ("Cockpit's economy configuration: 1.51x at every step, 1.04x at every
            "torch.autograd.detect_anomaly: 2.5-3x")
 
 
+class ClassifierLoss:
+    """``loss(model, step)``: the cross-entropy of the model on the step's batch, from a fixed
+    cycle of batches; ``batch(step)`` gives that batch's ``(inputs, labels)`` (the Cockpit arm
+    computes its losses itself, as Cockpit's own loop does)."""
+
+    def __init__(self, xs: torch.Tensor, ys: torch.Tensor) -> None:
+        self.xs, self.ys = xs, ys
+
+    def batch(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The inputs and labels of step ``i``."""
+        return self.xs[i % len(self.xs)], self.ys[i % len(self.ys)]
+
+    def __call__(self, m: nn.Module, i: int) -> torch.Tensor:
+        x, y = self.batch(i)
+        return F.cross_entropy(m(x), y)
+
+
 def make_mlp(seed: int, device: str) -> tuple[nn.Module, Callable]:
     """MLP 256-512-512-256-10 with ReLU, batch 128 (528,138 parameters)."""
     torch.manual_seed(seed)
@@ -50,7 +71,7 @@ def make_mlp(seed: int, device: str) -> tuple[nn.Module, Callable]:
     gen = torch.Generator(device=device).manual_seed(seed)
     xs = torch.randn(8, 128, 256, generator=gen, device=device)
     ys = torch.randint(0, 10, (8, 128), generator=gen, device=device)
-    return model, lambda m, i: F.cross_entropy(m(xs[i % 8]), ys[i % 8])
+    return model, ClassifierLoss(xs, ys)
 
 
 class TinyEncoder(nn.Module):
@@ -117,7 +138,7 @@ def make_deep(n: int, seed: int, device: str) -> tuple[nn.Module, Callable]:
     gen = torch.Generator(device=device).manual_seed(seed)
     xs = torch.randn(8, 32, 32, generator=gen, device=device)
     ys = torch.randint(0, 10, (8, 32), generator=gen, device=device)
-    return model, lambda m, i: F.cross_entropy(m(xs[i % 8]), ys[i % 8])
+    return model, ClassifierLoss(xs, ys)
 
 
 #: the HF row's config: 12 BERT layers, narrow enough for a CPU thread (nothing downloaded)
@@ -142,7 +163,9 @@ MODELS = {"mlp": make_mlp, "transformer": make_transformer,
           "deep100": lambda seed, dev: make_deep(100, seed, dev),
           "deep500": lambda seed, dev: make_deep(500, seed, dev),
           "bert": make_bert}
-ARMS = ("monitor", "anomaly", "nullhooks")
+ARMS = ("monitor", "anomaly", "nullhooks", "cockpit")
+#: the arms that measure only every Nth step (``--every``); the others ignore it
+SCHEDULED = ("monitor", "cockpit")
 OPTIMIZERS = {"sgd": lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9),
               "adam": lambda ps: torch.optim.Adam(ps, lr=1e-3)}
 
@@ -163,6 +186,31 @@ def null_hooks(model: nn.Module) -> list:
     return handles
 
 
+def cockpit_for(model: nn.Module, loss_fn: Callable, every: int) -> tuple[nn.Module, Any, nn.Module]:
+    """Cockpit's economy configuration tracking every ``every``-th step, as its documentation
+    sets it up: the model and loss extended by BackPACK, a :class:`cockpit.Cockpit` over the
+    parameters. Returns ``(model, cockpit, loss module)``; a clear error where Cockpit is not
+    installed or the model is not one of the plain classifiers BackPACK extends here."""
+    try:
+        from backpack import extend
+        from cockpit import Cockpit
+        from cockpit.utils.configuration import configuration
+        from cockpit.utils.schedules import linear
+    except ImportError as e:
+        raise SystemExit(f"--arm cockpit needs Cockpit: pip install cockpit-for-pytorch 'setuptools<75' "
+                         f"(Cockpit imports pkg_resources; here: {e})") from e
+    if not isinstance(loss_fn, ClassifierLoss):
+        raise SystemExit("--arm cockpit runs on the classifiers of Linear and ReLU layers that BackPACK "
+                         f"extends: --model {' '.join(COCKPIT_MODELS)}")
+    model = extend(model)
+    ck = Cockpit(model.parameters(), quantities=configuration("economy", track_schedule=linear(every)))
+    return model, ck, extend(nn.CrossEntropyLoss())
+
+
+#: the models the Cockpit arm runs on (BackPACK extends their layers)
+COCKPIT_MODELS = ("mlp", "deep100", "deep500")
+
+
 class Arm:
     """One training run (bare, monitored or a reference) that can be advanced block by block."""
 
@@ -176,8 +224,11 @@ class Arm:
         self.enter_s = 0.0
         self.anomaly = every is not None and kind == "anomaly"
         self.handles: list = []
+        self.cockpit = None
         if every is not None and kind == "nullhooks":
             self.handles = null_hooks(self.model)
+        elif every is not None and kind == "cockpit":
+            self.model, self.cockpit, self.ce = cockpit_for(self.model, self.loss_fn, every)
         elif every is not None and kind == "monitor":
             self.dbg = NeuralDbg(self.model, every=every, optimizer=self.opt if give_optimizer else None)
             t0 = time.perf_counter()
@@ -193,6 +244,11 @@ class Arm:
         t0 = clock()
         for _ in range(steps):
             self.opt.zero_grad(set_to_none=True)
+            if self.cockpit is not None:
+                self._cockpit_backward()
+                self.opt.step()
+                self.i += 1
+                continue
             loss = self.loss_fn(self.model, self.i)
             loss.backward()
             if self.dbg is not None:
@@ -204,6 +260,19 @@ class Arm:
         if self.anomaly:
             torch.autograd.set_detect_anomaly(False)
         return t
+
+    def _cockpit_backward(self) -> None:
+        """One step's forward and backward under Cockpit, as its documented loop runs them (the
+        individual losses it reads, the graph kept on the steps it asks for)."""
+        x, y = self.loss_fn.batch(self.i)
+        out = self.model(x)
+        loss = self.ce(out, y)
+        losses = F.cross_entropy(out, y, reduction="none")
+        info = {"batch_size": len(y), "individual_losses": losses, "loss": loss, "optimizer": self.opt}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # BackPACK's full backward hooks, every step
+            with self.cockpit(self.i, info=info):
+                loss.backward(create_graph=self.cockpit.create_graph(self.i))
 
     def close(self) -> None:
         """Leave the monitor (removes its hooks) or remove the reference hooks."""
@@ -358,11 +427,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for opt in a.optimizer:
             for arm in a.arm:
                 # a reference does not check every Nth step: one measurement stands for every column
-                for every in (a.every if arm == "monitor" else a.every[:1]):
+                for every in (a.every if arm in SCHEDULED else a.every[:1]):
                     r = paired(MODELS[model], opt, every, device=a.device, pairs=a.pairs, block=a.block,
                                warmup=a.warmup, give_optimizer=a.give_optimizer, clock=clock, kind=arm)
                     rows.append({"model": model, "optimizer": opt, "arm": arm, "every": every, **r})
-                    label = f"every={every}" if arm == "monitor" else arm
+                    label = f"every={every}" if arm in SCHEDULED else arm
                     print(f"  {model} {opt} {label}: {r['ratio']:.3f}x [IQR {r['q25']:.3f}-{r['q75']:.3f}] "
                           f"bare {r['bare_ms']:.2f} ms/step, other arm {r['mon_ms']:.2f} ms/step", flush=True)
     cols = sorted(set(a.every))
@@ -375,7 +444,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 bare = statistics.median(c["bare_ms"] for c in cells.values())
                 # a reference checks no step: its one figure stands under each column
                 fmt = [f"{c['ratio']:.2f}x ({c['q25']:.2f}-{c['q75']:.2f})"
-                       for c in ([cells[e] for e in cols] if arm == "monitor" else list(cells.values()) * len(cols))]
+                       for c in ([cells[e] for e in cols] if arm in SCHEDULED else list(cells.values()) * len(cols))]
                 print(f"| {model} | {opt} | {arm} | {bare:.2f} | " + " | ".join(fmt) + " |")
     print(f"\nmedian [IQR] of {a.pairs} paired block ratios. Anchors: {ANCHORS}.")
     return rows

@@ -37,6 +37,8 @@ class ActivationRegimeDetector(Detector):
     Streaks live in numpy arrays over layers (a :class:`Streak` per layer, vectorized).
     """
 
+    reads_loss_only = False  # a loss-only step returns no hits here
+
     STATS = (("dead_frac", "dead", "dead_fraction"), ("sat_frac", "saturated", "saturated_fraction"))
 
     def __init__(self, config, context) -> None:

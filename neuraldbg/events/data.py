@@ -60,6 +60,8 @@ class DataAnomalyDetector(Detector):
     ``shift_mean_z`` reference standard deviations in mean.
     """
 
+    reads_loss_only = False  # a loss-only step returns no hits here
+
     def __init__(self, config, context) -> None:
         super().__init__(config, context)
         self._episode: tuple[str, str, float] | None = None  # (layer, kind, at_input)

@@ -102,6 +102,8 @@ class GradientHealthDetector(Detector):
     non-finite layer (``overflow_steps`` in the values).
     """
 
+    reads_loss_only = False  # a loss-only step returns no hits here
+
     def __init__(self, config, context) -> None:
         super().__init__(config, context)
         self._index = LayerIndex()

@@ -26,6 +26,10 @@ class Detector:
     """
 
     name: str = "detector"
+    #: whether :meth:`update` reads a step that recorded nothing but its loss (an unchecked
+    #: step; its ``names`` are empty and ``has_backward`` is False). The monitor skips the call
+    #: where this is False: at ``every=10`` nine steps in ten are such steps.
+    reads_loss_only: bool = True
 
     def __init__(self, config: DetectorConfig, context: DetectorContext) -> None:
         self.config = config

@@ -155,9 +155,11 @@ class ModuleHooks:
         self._pending = None
 
     def next_unchecked(self, step: int) -> None:
-        """Start an unchecked ``step`` after an unchecked step: the hooks are already out, nothing
-        is held, only the buffer is new (:meth:`start_step` without the switches)."""
-        self.buf = StepBuffer(step, False, self.tables)
+        """Start an unchecked ``step`` after an unchecked step whose buffer recorded nothing (its
+        loss went straight to the queue): the hooks are already out, nothing is held, and the
+        buffer, which never left this object, is reset rather than made anew
+        (:meth:`start_step` without the switches)."""
+        self.buf.restart(step)
         self.batch_empty = False
         self._pending = None
 

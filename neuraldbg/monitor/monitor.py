@@ -137,6 +137,7 @@ class NeuralDbg(CausalQueries):
         self._step = 0
         self._user_steps = False
         self._detectors = None
+        self._loss_readers: list = []
         self._log = EventLog(gap=self.config.collapse_gap_checks * self.every, layer_index=self._layer_index)
         self._loss = LossHistory()
         self._first_step: int | None = None
@@ -298,26 +299,30 @@ class NeuralDbg(CausalQueries):
             # once per run, before the detach: whether the loss can be read against chance level
             self._first_loss_seen = True
             self._safe(lambda: setattr(self, "_loss_is_ce", is_cross_entropy(loss)), "loss kind")
-        self._hooks.add_loss(value)
-        if not self._user_steps and not self._close_unchecked():
+        if self._user_steps:
+            self._hooks.add_loss(value)
+        elif not self._close_unchecked(value):
+            self._hooks.add_loss(value)
             self._safe(self._close_step, "close")
             self._start_step(self._step + 1)
 
-    def _close_unchecked(self) -> bool:
-        """Close an unchecked step whose next step is unchecked too, in a few operations: its
-        losses queued, a new buffer. False (nothing done) where the full close and start apply:
-        a checked step on either side, anything recorded but losses, or a part that hears
-        unchecked steps."""
+    def _close_unchecked(self, loss: float | torch.Tensor) -> bool:
+        """Close an unchecked step, whose only record is ``loss``, when the next step is unchecked
+        too, in a few operations: the loss queued with its step, the buffer reset. False (nothing
+        done) where the full close and start apply: a checked step on either side, anything else
+        recorded, an empty batch, or a part that hears unchecked steps. This runs on nine steps in
+        ten at every=10, after the backward pass has pushed the monitor's objects out of the CPU's
+        caches: each object made or touched here costs microseconds."""
         hooks = self._hooks
         buf = hooks.buf
         nxt = self._step + 1
-        if buf.active or nxt % hooks.every == 0 or not buf.only_losses() or self._parts.hears_unchecked_steps:
+        if (buf.active or nxt % hooks.every == 0 or hooks.batch_empty or not buf.blank()
+                or self._parts.hears_unchecked_steps):
             return False
         self._closed_active = False
-        if buf.losses:
-            self._transfer.push_losses(buf)
+        self._transfer.push_loss(self._step, loss)
         self._step = nxt
-        # _quiet_optimizers, inlined: this runs on every unchecked step (nxt is unchecked, every > 1)
+        # _quiet_optimizers, inlined (nxt is unchecked, every > 1)
         self._optimizers.quiet = nxt % hooks.every >= 2 and not self._parts.hears_unchecked_optimizer
         hooks.next_unchecked(nxt)
         return True
@@ -358,8 +363,10 @@ class NeuralDbg(CausalQueries):
             for s in [s for s in self._lr_at if s < st.step]:
                 del self._lr_at[s]
         if self._detectors is None:
-            self._detectors = build_detectors(self.settings.detectors, self.config, self._context())
-        for det in self._detectors:
+            self._build_detectors()
+        # a step that recorded only its loss (nine in ten at every=10) goes to the detectors that read those
+        loss_only = not st.names and not st.has_backward and st.inputs is None
+        for det in self._loss_readers if loss_only else self._detectors:
             try:
                 for ev in det.update(st):
                     self._add_event(ev)
@@ -420,7 +427,11 @@ class NeuralDbg(CausalQueries):
         self._safe(self._transfer.drain, "drain")
         self._parts.call("flush")
         if self._detectors is None and self._hooks.order:
-            self._detectors = build_detectors(self.settings.detectors, self.config, self._context())
+            self._build_detectors()
+
+    def _build_detectors(self) -> None:
+        self._detectors = build_detectors(self.settings.detectors, self.config, self._context())
+        self._loss_readers = [d for d in self._detectors if d.reads_loss_only]
 
     # ---- results -----------------------------------------------------------------------
     @property

@@ -85,12 +85,21 @@ class StepBuffer:
         self.entry: list[tuple] = []    # inputs of sub-networks called directly (see ModuleHooks)
         self.ran_without_grad: set[int] = set()  # layers whose training-mode forward ran under no_grad
 
+    def restart(self, step: int) -> None:
+        """This buffer as a new one of unchecked ``step``; only for a buffer that holds nothing
+        (:meth:`blank`), which leaves the flags the root's input hook and a
+        skipped forward set."""
+        self.step = step
+        self.root_called = self.eval_skipped = self.traced = False
+        self.n_fwd = 0
+
     def empty(self) -> bool:
         return not (self.records or self.pgrad or self.losses or self.ran_without_grad)
 
-    def only_losses(self) -> bool:
-        """Whether nothing but losses was recorded (an unchecked step's usual content)."""
-        return not (self.records or self.pgrad or self.ran_without_grad or self.entry) and self.scale is None
+    def blank(self) -> bool:
+        """Whether nothing at all was recorded (an unchecked step's buffer before its loss)."""
+        return not (self.records or self.pgrad or self.losses or self.ran_without_grad or self.entry) \
+            and self.scale is None
 
 
 class Spec:

@@ -60,25 +60,6 @@ class _Pending:
         self.vectors: list[torch.Tensor] = []
         self.n_scalars = self.n_vectors = 0
 
-    @classmethod
-    def of_losses(cls, buf: "StepBuffer") -> "_Pending":
-        """The entry of a step that recorded nothing but losses, packed as :meth:`pack` would pack
-        it (no layout, the tensor losses as the scalars), in one call: this runs on every
-        unchecked step."""
-        p = cls.__new__(cls)
-        p.step, p.checked, p.slots, p.ns, p.pgrad = buf.step, buf.active, (), _NO_COUNTS, buf.pgrad
-        p.scale, p.has_bwd, p.tables, p.ran_without_grad, p.lay = None, False, buf.tables, buf.ran_without_grad, None
-        floats: list = []
-        tensors: list = []
-        for x in buf.losses:  # a loop, not comprehensions: each of those is a call on Python < 3.12
-            if isinstance(x, torch.Tensor):
-                tensors.append(x if x.dim() == 0 else x.reshape(()))
-            else:
-                floats.append(x)
-        p.floats, p.tensors, p.scalars, p.n_scalars = floats, tensors, tensors, len(tensors)
-        p.vectors, p.n_vectors = [], 0
-        return p
-
     def pack(self, lay: "_Layout | None", records: list[tuple]) -> None:
         """This step's values in flat order (see :class:`_Layout`): the scalars (record values,
         losses, scale), then the per-unit ReLU maxima and the gradient norms. A checked step's
@@ -136,7 +117,7 @@ class HostTransfer:
 
     def __init__(self, sync_every: int, consume: Callable[[StepStats], None]) -> None:
         self.sync_every = sync_every
-        self.pending: list[_Pending] = []
+        self.pending: list[_Pending | tuple] = []  # a closed step, or an unchecked step's (step, loss)
         self._checked = 0
         self._consume = consume
         self._layouts: dict[tuple, _Layout] = {}
@@ -152,13 +133,11 @@ class HostTransfer:
         if self._checked >= self.sync_every or len(self.pending) >= MAX_PENDING:
             self.drain()
 
-    def push_losses(self, buf: "StepBuffer") -> None:
-        """:meth:`push` of a step that recorded nothing but losses (an unchecked step): the same
-        queue entry, built without the general packing, since this runs on every unchecked step."""
-        p = _Pending.of_losses(buf)
-        self.pending.append(p)
-        self._checked += buf.active
-        if self._checked >= self.sync_every or len(self.pending) >= MAX_PENDING:
+    def push_loss(self, step: int, loss: "float | torch.Tensor") -> None:
+        """Queue the loss of an unchecked step that recorded nothing else: a ``(step, loss)``
+        pair, no packing (this runs on every unchecked step)."""
+        self.pending.append((step, loss))
+        if len(self.pending) >= MAX_PENDING:
             self.drain()
 
     def drain(self) -> None:
@@ -172,12 +151,21 @@ class HostTransfer:
         for p in pending:
             starts.append(z_at)
             vstarts.append(v_at)
+            if type(p) is tuple:  # an unchecked step's loss (push_loss)
+                if type(p[1]) is not float:
+                    scalars.append(p[1])
+                    z_at += 1
+                continue
             scalars.extend(p.scalars)
             vectors.extend(p.vectors)
             z_at += p.n_scalars
             v_at += p.n_vectors
         host = _to_host(scalars, vectors)
         for p, z0, v0 in zip(pending, starts, vstarts):
+            if type(p) is tuple:  # read in float32, as every loss is (_loss)
+                step, loss = p
+                self._consume(StepStats(step, loss if type(loss) is float else float(np.float32(host[z0]))))
+                continue
             lay = p.lay
             where = (p, lay, z0, z_at + v0, self._batches)
             self._consume(_to_stepstats(p.step, where, host, _loss(p, host, z0, lay), p.has_bwd))

@@ -261,7 +261,7 @@ def test_an_unchecked_step_runs_no_python_of_the_monitor_per_module_or_parameter
     assert sum(deep.values()) < 60  # the per-step bookkeeping only (record_loss, the optimizer hooks)
     # between two unchecked steps the step closes without take or start, and its losses are queued
     # without the general packing
-    assert deep["transfer.py:push_losses"] == 1 and deep["transfer.py:push"] == 0
+    assert deep["transfer.py:push_loss"] == 1 and deep["transfer.py:push"] == 0
     assert deep["hooks.py:take"] == deep["hooks.py:start_step"] == 0
     assert sum(deep.values()) < 45
 

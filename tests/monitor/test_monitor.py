@@ -1,5 +1,6 @@
 """The monitor: never changes training, never raises into it, removes every hook."""
 import logging
+import math
 
 import pytest
 import torch
@@ -178,17 +179,18 @@ def test_step_advances_and_user_steps():
 
 def test_every_n_checks_only_every_nth_step(monkeypatch):
     seen = []
-    orig = T._to_stepstats
+    orig = NeuralDbg._consume
 
-    def spy(step, layout, host, loss, has_bwd):
-        st = orig(step, layout, host, loss, has_bwd)
-        seen.append((step, bool(st.layers)))
-        return st
+    def spy(self, st):
+        seen.append((st.step, bool(st.layers), st.loss))
+        return orig(self, st)
 
-    monkeypatch.setattr(T, "_to_stepstats", spy)
+    monkeypatch.setattr(NeuralDbg, "_consume", spy)
     train(mlp(), steps=25, dbg_kwargs={"every": 10})
-    assert [s for s, has in seen if has] == [0, 10, 20]
-    assert len(seen) == 25  # the loss of every step is still recorded
+    assert [s for s, has, _ in seen if has] == [0, 10, 20]
+    # the loss of every step is still recorded, in order, unchecked ones too
+    assert [s for s, _, _ in seen] == list(range(25))
+    assert all(isinstance(v, float) and math.isfinite(v) for _, _, v in seen)
 
 
 def test_eval_steps_record_no_gradient_statistics(monkeypatch):

@@ -1,0 +1,43 @@
+"""The overhead harness (benchmarks/overhead.py): its arms run, and the Cockpit arm fails clearly."""
+import importlib.util
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from benchmarks import overhead as O
+
+
+def test_a_classifier_loss_is_the_cross_entropy_of_its_step_batch():
+    model, loss_fn = O.MODELS["deep100"](0, "cpu")
+    x, y = loss_fn.batch(11)
+    assert torch.equal(x, loss_fn.xs[11 % 8]) and torch.equal(y, loss_fn.ys[11 % 8])
+    assert torch.equal(loss_fn(model, 11), F.cross_entropy(model(x), y))
+
+
+@pytest.mark.parametrize("kind", ["monitor", "nullhooks"])
+def test_paired_blocks_give_one_ratio_per_pair(kind):
+    r = O.paired(O.MODELS["deep100"], "sgd", 2, device="cpu", pairs=2, block=2, warmup=1, kind=kind)
+    assert len(r["ratios"]) == 2 and all(x > 0 for x in r["ratios"])
+    assert r["bare_ms"] > 0 and r["mon_ms"] > 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cockpit") is not None, reason="Cockpit is installed here")
+def test_the_cockpit_arm_without_cockpit_says_what_to_install():
+    model, loss_fn = O.MODELS["mlp"](0, "cpu")
+    with pytest.raises(SystemExit, match="pip install cockpit-for-pytorch"):
+        O.cockpit_for(model, loss_fn, 1)
+
+
+def test_the_cockpit_arm_names_the_models_it_runs_on(monkeypatch):
+    """A model that is not one of the plain classifiers is refused by name (checked after the
+    imports, so Cockpit's modules are stood in for here)."""
+    import sys
+    import types
+
+    for name in ("backpack", "cockpit", "cockpit.utils", "cockpit.utils.configuration", "cockpit.utils.schedules"):
+        mod = types.ModuleType(name)
+        mod.extend = mod.Cockpit = mod.configuration = mod.linear = None
+        monkeypatch.setitem(sys.modules, name, mod)
+    with pytest.raises(SystemExit, match="--model mlp deep100 deep500"):
+        O.cockpit_for(torch.nn.Linear(2, 2), lambda m, i: None, 1)
