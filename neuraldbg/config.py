@@ -111,6 +111,12 @@ class DetectorConfig:
     #: check). Above every zoo and ecosystem model (the largest has 201 modules), so their
     #: detection is unchanged; the added detection delay is in docs/overhead.md
     rotate_modules_above: int = 512
+    #: trainable parameters (counted on entry) above which a module's parameters share one
+    #: gradient hook, on its first parameter, and the others' gradients are read when the
+    #: backward pass ends: every hooked parameter costs each backward pass, checked or not, a
+    #: call into Python inside torch (docs/overhead.md). The gradients read are the same; below
+    #: it every parameter keeps its own hook
+    group_param_hooks_above: int = 64
 
     def __post_init__(self) -> None:
         positive = [f.name for f in fields(self) if isinstance(getattr(self, f.name), (int, float))

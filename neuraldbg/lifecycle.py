@@ -61,6 +61,11 @@ class AddonContext(Protocol):
     def params_of(self, optimizer: Any) -> list[Any]:
         """The parameters ``optimizer`` holds."""
 
+    def accumulated_with(self, param: Any) -> tuple[Any, ...]:
+        """The parameters a backward pass may have accumulated by the time ``param`` is passed
+        to ``backward_started``: ``param`` and the parameters of its module that share its
+        gradient hook (on models above ``DetectorConfig.group_param_hooks_above`` parameters)."""
+
     @property
     def step(self) -> int:
         """The current training step."""
@@ -144,7 +149,8 @@ class Addon:
 
     def backward_started(self, ctx: AddonContext, param: Any) -> None:
         """A backward pass of a checked step accumulated its first gradient, into ``param``:
-        every other parameter still holds what it held before the pass."""
+        every parameter not in ``ctx.accumulated_with(param)`` still holds what it held before
+        the pass."""
 
     def step_closed(self, ctx: AddonContext, step: int, checked: bool) -> None:
         """Step ``step`` was closed and its statistics queued for the host."""

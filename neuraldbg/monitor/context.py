@@ -60,6 +60,10 @@ class PartContext:
         """The parameters ``optimizer`` holds."""
         return self._dbg._optimizers.params_of(optimizer)
 
+    def accumulated_with(self, param: Any) -> tuple[Any, ...]:
+        """``param`` and the parameters of its module that share its gradient hook."""
+        return self._dbg._hooks.accumulated_with(param)
+
     @property
     def step(self) -> int:
         """The current training step."""

@@ -84,6 +84,11 @@ class ModuleHooks:
         #: rotating shares of the output hooks (1: every module on every checked step), fixed
         #: on entry from the module count (DetectorConfig.rotate_modules_above)
         self.shares = rotation_shares(len(self.modules), config.rotate_modules_above)
+        #: whether a module's parameters share one gradient hook (DetectorConfig.group_param_hooks_above),
+        #: fixed on entry from the trainable parameter count
+        self.group_params = sum(1 for p in root.parameters() if p.requires_grad) > config.group_param_hooks_above
+        #: id of a hooked parameter -> its module's parameters, where they share its hook
+        self._mates: dict[int, tuple[Any, ...]] = {}
         self._n_out_hooks = 0  # output hooks registered so far (the next one's share)
         self.kinds = {name: S.activation_kind(m) for name, m in self.modules}
         self.disabled: set[str] = set()
@@ -94,7 +99,7 @@ class ModuleHooks:
         self.order: list[str] = []
         self.order_pos: dict[str, int] = {}
         self.batch_empty = False  # the latest training forward's input had no elements
-        self._pending: tuple | None = None  # (buffer, [param index], [grad]) of the running backward
+        self._pending: tuple | None = None  # the running backward pass's gradients (_open_pass)
         self._plans: dict[tuple, tuple] = {}  # parameter indices -> how their norms are batched
         self.buf = StepBuffer(0, True, self.tables)
         #: small outputs held to the end of the forward and measured together
@@ -137,6 +142,7 @@ class ModuleHooks:
             except Exception:  # pragma: no cover - removal of a dead handle is harmless
                 pass
         self.handles.clear()
+        self._mates.clear()  # it holds the model's parameters
         self.switch = HookSwitch()
         self.entries = HookSwitch()
         self.held.clear()
@@ -223,17 +229,34 @@ class ModuleHooks:
                 if p.requires_grad and id(p) not in owner and id(p) not in self.hooked_params \
                         and S.measurable(p) and S.local_numel(p) > 0:
                     owner[id(p)] = (name, layer, p)
+        by_module: dict[str, list[tuple[int, nn.Parameter]]] = {}
         for name, layer, p in owner.values():
             # a sharded parameter (FSDP2) counts the elements of this rank's shard: its gradient
             # is read there (see _on_param_grad), so the layer's RMS is the shard's
-            pidx = self.tables.param(layer, S.local_numel(p))
-            fn = partial(self._on_param_grad, pidx, name, sharded=S.is_sharded(p))
-            h = p.register_post_accumulate_grad_hook(fn)
-            self.handles.append(h)
-            self.switch.add(h, fn)
-            self.hooked[name][1].append(h)
-            self.hooked[name][2].append(id(p))
-            self.hooked_params.add(id(p))
+            by_module.setdefault(name, []).append((self.tables.param(layer, S.local_numel(p)), p))
+        for name, params in by_module.items():
+            if self.group_params and len(params) > 1 and not any(S.is_sharded(p) for _, p in params):
+                # one hook for a module's parameters (a weight and its bias): a hooked parameter
+                # costs every backward pass a call into Python inside torch, checked step or not
+                # (docs/overhead.md). The others' gradients are read when the pass ends
+                # (_grads_done), after every accumulation of the pass: the same values.
+                fn = partial(self._on_module_grads, tuple(params), name)
+                hooks = [(params[0][1], fn)]
+                self._mates[id(params[0][1])] = tuple(p for _, p in params)
+            else:  # a shard's gradient is read when its hook fires: its reduce-scatter is done then
+                hooks = [(p, partial(self._on_param_grad, pidx, name, sharded=S.is_sharded(p))) for pidx, p in params]
+            for p, fn in hooks:
+                h = p.register_post_accumulate_grad_hook(fn)
+                self.handles.append(h)
+                self.switch.add(h, fn)
+                self.hooked[name][1].append(h)
+            self.hooked[name][2].extend(id(p) for _, p in params)
+            self.hooked_params.update(id(p) for _, p in params)
+
+    def accumulated_with(self, param: Any) -> tuple[Any, ...]:
+        """The parameters whose gradients a backward pass may have accumulated by the time the
+        hook of ``param`` fires: its module's, where they share its hook, else ``param`` alone."""
+        return self._mates.get(id(param), (param,))
 
     def check_modules(self) -> list[str] | None:
         """Hook modules added or swapped in since the last check (log once per layer name).
@@ -259,6 +282,8 @@ class ModuleHooks:
             for h in handles:
                 h.remove()
             self.hooked_params.difference_update(pids)
+            for pid in pids:
+                self._mates.pop(pid, None)
         for name, mod in new:
             self.kinds[name] = S.activation_kind(mod)
             self._report(("replaced", name), f"module {name} was added or replaced during training "
@@ -387,31 +412,57 @@ class ModuleHooks:
         self.flush()
         return None
 
+    def _open_pass(self, buf: StepBuffer, param: Any) -> tuple | None:
+        """The running backward pass's pending gradients ``(buffer, [param index], [grad],
+        [a module's (param index, param) pairs])``, opened at its first hooked gradient; None
+        where no autograd engine runs (no final callback to wait for: the caller measures now)."""
+        if buf.eval_skipped and not buf.n_fwd and not self.eval_trains:
+            # a backward after eval()-mode forwards: this model trains in eval mode
+            self.eval_trains = True
+            self._report(("eval_trains",), "the model is trained in eval() mode; its forward "
+                         "passes are now measured in eval mode too", level=logging.INFO)
+        pend = self._pending
+        if pend is None or pend[0] is not buf:
+            self.flush()  # a loop that never ran the root's forward: its outputs, before backward
+            self._capture_scale(buf)
+            pend = self._pending = (buf, [], [], [])
+            if self.backward_started is not None:
+                self.backward_started(param)
+            if not _queue_at_backward_end(self._grads_done):
+                self._pending = None
+                return None
+        return pend
+
+    def _on_module_grads(self, params, name, param):
+        """The hook a module's parameters share (``params``: its ``(param index, param)``
+        pairs): noted now, their gradients read when the backward pass ends."""
+        buf = self.buf
+        if not buf.active or param.grad is None:
+            return None
+        try:
+            pend = self._open_pass(buf, param)
+            if pend is None:  # not inside the autograd engine: measure what they hold now
+                got = [(i, p.grad) for i, p in params if p.grad is not None]
+                with torch.no_grad():
+                    buf.pgrad.append((tuple(i for i, _ in got), S.grad_norms([g for _, g in got])))
+                return None
+            pend[3].append(params)
+        except Exception as e:  # noqa: BLE001
+            self._fail((name, "pgrad", type(e).__name__), f"parameter-gradient statistics failed: {e!r}")
+        return None
+
     def _on_param_grad(self, pidx, name, param, sharded=False):
         buf = self.buf
         if not buf.active:
             return None
         try:
-            if buf.eval_skipped and not buf.n_fwd and not self.eval_trains:
-                # a backward after eval()-mode forwards: this model trains in eval mode
-                self.eval_trains = True
-                self._report(("eval_trains",), "the model is trained in eval() mode; its forward "
-                             "passes are now measured in eval mode too", level=logging.INFO)
             if param.grad is None:
                 return None
-            pend = self._pending
-            if pend is None or pend[0] is not buf:
-                self.flush()  # a loop that never ran the root's forward: its outputs, before backward
-                self._capture_scale(buf)
-                pend = self._pending = (buf, [], [])
-                if self.backward_started is not None:
-                    self.backward_started(param)
-                if not _queue_at_backward_end(self._grads_done):
-                    # not inside the autograd engine (no final callbacks): measure this one now
-                    self._pending = None
-                    with torch.no_grad():
-                        buf.pgrad.append(((pidx,), S.grad_norms([S.local(param.grad)])))
-                    return None
+            pend = self._open_pass(buf, param)
+            if pend is None:  # not inside the autograd engine (no final callbacks): measure this one now
+                with torch.no_grad():
+                    buf.pgrad.append(((pidx,), S.grad_norms([S.local(param.grad)])))
+                return None
             # its final value for this backward pass. FSDP2 calls this hook on the sharded
             # parameter once its gradient is reduce-scattered (the mean over the ranks, a DTensor):
             # the norm is this rank's shard's. Its RMS stands for the whole gradient's (the
@@ -430,8 +481,14 @@ class ModuleHooks:
         pend, self._pending = self._pending, None
         if pend is None:
             return
-        buf, ids, grads = pend
+        buf, ids, grads, modules = pend
         try:
+            for params in modules:  # every accumulation of this pass is done now
+                for i, p in params:
+                    g = p.grad
+                    if g is not None:
+                        ids.append(i)
+                        grads.append(g)
             if not ids:
                 return
             ids = tuple(ids)

@@ -286,23 +286,20 @@ def test_a_checked_step_calls_the_entry_hooks_not_at_all_once_the_root_ran():
     assert calls["hooks.py:_on_output"] == 21  # every module, once
 
 
-def rotated_run(n_blocks, above, steps, every=1):
+def stack_run(n_blocks, steps, every=1, **config):
+    """A stack of ``n_blocks`` blocks trained ``steps`` steps under ``DetectorConfig(**config)``:
+    the monitor, the checked steps' statistics and the parameter-gradient hooks it registered."""
     from neuraldbg.config import DetectorConfig
 
     model = stack(n_blocks)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     gen = torch.Generator().manual_seed(0)
     seen = []
-    dbg = NeuralDbg(model, every=every, config=DetectorConfig(rotate_modules_above=above))
-    dbg._parts.all  # noqa: B018 - the parts exist
+    dbg = NeuralDbg(model, every=every, config=DetectorConfig(**config))
     orig = dbg._consume
-
-    def consume(st):
-        seen.append(st)
-        orig(st)
-
-    dbg._transfer._consume = consume
+    dbg._transfer._consume = lambda st: (seen.append(st), orig(st))
     with dbg:
+        n_hooks = sum(len(handles) - 1 for _, handles, _ in dbg._hooks.hooked.values())  # less the output hook
         for _ in range(steps):
             x = torch.randn(16, 8, generator=gen)
             opt.zero_grad()
@@ -310,7 +307,11 @@ def rotated_run(n_blocks, above, steps, every=1):
             loss.backward()
             dbg.record_loss(loss)
             opt.step()
-    return dbg, [st for st in seen if st.names]
+    return dbg, [st for st in seen if st.names], n_hooks
+
+
+def rotated_run(n_blocks, above, steps, every=1):
+    return stack_run(n_blocks, steps, every, rotate_modules_above=above)[:2]
 
 
 def test_output_statistics_rotate_above_the_module_count_and_cover_every_layer():
@@ -456,3 +457,22 @@ def test_outputs_of_a_forward_on_another_thread_are_measured_in_their_hooks(monk
     layers = seen[0].layers
     assert layers["0"]["out_sum"] == pytest.approx(truth["0"], rel=1e-5)
     assert {"0", "1", "2"} <= {n for n, v in layers.items() if "out_sum" in v}
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_a_module_s_parameters_share_one_gradient_hook_above_the_count_and_read_the_same(every):
+    """Above ``group_param_hooks_above`` a weight and its bias share the weight's hook and the
+    bias's gradient is read when the pass ends: the same gradients, half the hooks."""
+    each, want, n_each = stack_run(10, 7, every, group_param_hooks_above=1000)  # 11 Linear layers, 22 parameters
+    shared, got, n_shared = stack_run(10, 7, every, group_param_hooks_above=10)
+    assert not each._hooks.group_params and shared._hooks.group_params
+    assert (n_each, n_shared) == (22, 11)
+    assert [st.step for st in got] == [st.step for st in want] and len(got) >= 3
+    for a, b in zip(got, want):
+        assert (a.has_pgrad == b.has_pgrad).all() and a.has_pgrad.sum() == 11
+        assert (a.cols["pgrad_n"] == b.cols["pgrad_n"]).all()
+        assert a.cols["pgrad_sumsq"] == pytest.approx(b.cols["pgrad_sumsq"], rel=1e-6, nan_ok=True)
+    assert [repr(e) for e in shared.events] == [repr(e) for e in each.events]
+    # the hook's record of which parameters it stands for goes with the hooks
+    assert not shared._hooks._mates
+

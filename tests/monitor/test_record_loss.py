@@ -56,11 +56,12 @@ def test_more_than_one_element_is_a_value_error(x):
         loss_value(x)
 
 
-def test_every_accepted_kind_reaches_the_loss_history():
+@pytest.mark.parametrize("every", [1, 10])  # 10: all but the first are unchecked steps' (step, loss) pairs
+def test_every_accepted_kind_reaches_the_loss_history(every):
     m = model()
     losses = [2, np.float32(1.5), np.int64(1), np.array(0.75), torch.tensor(0.5, dtype=torch.bfloat16),
               torch.tensor([0.25], dtype=torch.float64)]
-    with NeuralDbg(m) as dbg:
+    with NeuralDbg(m, every=every) as dbg:
         for loss in losses:
             m(torch.randn(3, 4))
             dbg.record_loss(loss)

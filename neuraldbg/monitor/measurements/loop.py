@@ -148,7 +148,7 @@ class LoopWatch(Measurement):
 
     def backward_started(self, ctx: AddonContext, param: Any) -> None:
         """Record, per optimizer, whether it stepped since the previous backward start and whether
-        its parameters still hold gradients (the first accumulated one excluded)."""
+        its parameters still hold gradients (those this pass accumulated first excluded)."""
         if self._opt_events >= STALE_WINDOW:
             return
         for opt in ctx.optimizers:
@@ -168,7 +168,9 @@ class LoopWatch(Measurement):
                 continue
             # a sharded gradient (FSDP2) is read on this rank's shard: the check asks only
             # whether gradients are still held, and every rank holds a shard of each
-            grads = [S.local(p.grad) for p in self._sample(ctx, opt) if p is not param and p.grad is not None]
+            # the first accumulated gradient, and its module's where they share its hook, are this pass's
+            fresh = {id(q) for q in ctx.accumulated_with(param)}
+            grads = [S.local(p.grad) for p in self._sample(ctx, opt) if id(p) not in fresh and p.grad is not None]
             if grads:
                 with torch.no_grad():
                     z: Any = S.grad_norms(grads).sum()

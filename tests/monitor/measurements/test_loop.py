@@ -482,3 +482,21 @@ def test_every_three_still_reads_a_missing_zero_grad(k):
     # where the step open after it is checked
     dbg = train(mlp(), steps=90, accumulate=k, every=3, zero=None)
     assert_bug(dbg, "stale_gradients")
+
+
+@pytest.mark.parametrize("zero", [None, "optimizer", "model", "keep"])
+def test_a_module_s_shared_gradient_hook_reads_the_loop_alike(zero):
+    """Where a module's parameters share one gradient hook (``group_param_hooks_above``), its
+    siblings may have accumulated before the hook reports the pass's first gradient: the stale
+    check leaves them out (``ctx.accumulated_with``) and counts the same steps as with a hook each."""
+    from neuraldbg.config import DetectorConfig
+
+    each = train(mlp(), zero=zero, opt_cls=torch.optim.SGD, lr=0.05)
+    shared = train(mlp(), zero=zero, opt_cls=torch.optim.SGD, lr=0.05,
+                   config=DetectorConfig(group_param_hooks_above=1))
+    assert shared._hooks.group_params and not each._hooks.group_params
+    assert (sig(shared, STALE_STEPS), sig(shared, STALE_CHECKED)) == (sig(each, STALE_STEPS), sig(each, STALE_CHECKED))
+    if zero is None:
+        assert_bug(shared, "stale_gradients")
+    else:
+        assert_quiet(shared)
