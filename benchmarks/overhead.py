@@ -186,6 +186,10 @@ def null_hooks(model: nn.Module) -> list:
     return handles
 
 
+#: the models the Cockpit arm runs on (BackPACK extends their layers)
+COCKPIT_MODELS = ("mlp", "deep100", "deep500")
+
+
 def cockpit_for(model: nn.Module, loss_fn: Callable, every: int) -> tuple[nn.Module, Any, nn.Module]:
     """Cockpit's economy configuration tracking every ``every``-th step, as its documentation
     sets it up: the model and loss extended by BackPACK, a :class:`cockpit.Cockpit` over the
@@ -206,9 +210,6 @@ def cockpit_for(model: nn.Module, loss_fn: Callable, every: int) -> tuple[nn.Mod
     ck = Cockpit(model.parameters(), quantities=configuration("economy", track_schedule=linear(every)))
     return model, ck, extend(nn.CrossEntropyLoss())
 
-
-#: the models the Cockpit arm runs on (BackPACK extends their layers)
-COCKPIT_MODELS = ("mlp", "deep100", "deep500")
 
 
 class Arm:
@@ -246,13 +247,11 @@ class Arm:
             self.opt.zero_grad(set_to_none=True)
             if self.cockpit is not None:
                 self._cockpit_backward()
-                self.opt.step()
-                self.i += 1
-                continue
-            loss = self.loss_fn(self.model, self.i)
-            loss.backward()
-            if self.dbg is not None:
-                self.dbg.record_loss(loss)
+            else:
+                loss = self.loss_fn(self.model, self.i)
+                loss.backward()
+                if self.dbg is not None:
+                    self.dbg.record_loss(loss)
             self.opt.step()
             self.i += 1
         sync()

@@ -86,9 +86,9 @@ class StepBuffer:
         self.ran_without_grad: set[int] = set()  # layers whose training-mode forward ran under no_grad
 
     def restart(self, step: int) -> None:
-        """This buffer as a new one of unchecked ``step``; only for a buffer that holds nothing
-        (:meth:`blank`), which leaves the flags the root's input hook and a
-        skipped forward set."""
+        """This buffer as a new one of unchecked ``step``. Only for a buffer that holds nothing
+        (:meth:`blank`): what is left to reset are the flags the root's input hook and a skipped
+        forward set."""
         self.step = step
         self.root_called = self.eval_skipped = self.traced = False
         self.n_fwd = 0
