@@ -117,6 +117,12 @@ class DetectorConfig:
     #: call into Python inside torch (docs/overhead.md). The gradients read are the same; below
     #: it every parameter keeps its own hook
     group_param_hooks_above: int = 64
+    #: read parameter gradients from hooks on the parameters (above) instead of noticing each
+    #: backward pass by the model output's gradient, which leaves nothing in torch. The monitor
+    #: switches to them by itself where the output cannot see every pass (docs/overhead.md); set
+    #: it where gradients are consumed inside backward by hooks registered after the monitor
+    #: entered (an optimizer run in backward)
+    param_grad_hooks: bool = False
 
     def __post_init__(self) -> None:
         positive = [f.name for f in fields(self) if isinstance(getattr(self, f.name), (int, float))

@@ -1,13 +1,22 @@
 """The parameter-gradient half of the monitor's hooks (:class:`GradientHooks`).
 
-Each hooked parameter's post-accumulate-grad hook notes its gradient on a checked step; the
-first one of a backward pass queues a callback that runs when the pass ends (after
-accumulation, before clipping or the optimizer) and measures every gradient of the pass at
-once: one ``torch._foreach_norm``, same-shaped small gradients stacked. A parameter given such a
-hook costs every backward pass a call into Python inside torch, checked step or not, even once
-the hook is switched out or removed (``docs/overhead.md``): above
-``DetectorConfig.group_param_hooks_above`` trainable parameters a module's parameters share one
-hook, and the others' gradients are read when the pass ends, the same values.
+Every parameter gradient of one backward pass is measured when the pass ends (after
+accumulation, before clipping or the optimizer), by a callback queued to the autograd engine:
+one ``torch._foreach_norm``, same-shaped small gradients stacked. What notices the pass:
+
+- **the model output's gradient** (the default): on a checked step the root's forward hook puts
+  a tensor hook on the output, which fires before any parameter accumulates and asks the engine
+  which parameters' accumulation nodes this pass will run. A tensor hook dies with its graph, so
+  nothing stays in torch: an unchecked step, and the model after the monitor exits, pay nothing;
+- **parameter hooks**, where the output cannot see every pass: sharded parameters (FSDP2: a
+  shard's gradient is final when its reduce-scatter is), DDP and DataParallel, parameters that
+  carry post-accumulate-grad hooks of their own (an optimizer run in backward), a loop that calls
+  sub-networks outside the root's forward, a loss not computed from the output
+  (:meth:`GradientHooks.check_output_grads`), or ``DetectorConfig.param_grad_hooks``. A
+  parameter given such a hook costs every backward pass a call into Python inside torch,
+  checked step or not, even once the hook is switched out or removed (``docs/overhead.md``):
+  above ``DetectorConfig.group_param_hooks_above`` trainable parameters a module's parameters
+  share one hook, and the others' gradients are read when the pass ends, the same values.
 """
 from __future__ import annotations
 
@@ -21,47 +30,146 @@ from torch import nn
 from neuraldbg.monitor import stats as S
 from neuraldbg.monitor.records import StepBuffer
 
+#: tensors of one output given a gradient hook at most (a model returning every hidden state)
+MAX_OUTPUT_HOOKS = 64
+
 
 class GradientHooks:
-    """The parameter hooks of :class:`neuraldbg.monitor.hooks.ModuleHooks`, which holds their
-    state (the step buffer, the switch, the tables, ``group_params``) and inherits these."""
+    """The gradient half of :class:`neuraldbg.monitor.hooks.ModuleHooks`, which holds its state
+    (the step buffer, the switch, the tables, ``group_params``, ``output_grads``) and inherits
+    these. ``output_grads``: whether the model output's gradient notices the passes (else
+    parameter hooks do; see the module's docstring)."""
 
     def _hook_params(self, owner: dict[int, tuple[str, int, nn.Parameter]]) -> None:
-        """Hook the parameters in ``owner`` (id -> (layer name, layer index, parameter)): one
-        hook each, or one per module where they share it."""
+        """Watch the parameters in ``owner`` (id -> (layer name, layer index, parameter)): through
+        the output's gradient, or with a hook each, or one per module where they share it."""
         by_module: dict[str, list[tuple[int, nn.Parameter]]] = {}
         for name, layer, p in owner.values():
             # a sharded parameter (FSDP2) counts the elements of this rank's shard: its gradient
             # is read there (see _on_param_grad), so the layer's RMS is the shard's
             by_module.setdefault(name, []).append((self.tables.param(layer, S.local_numel(p)), p))
         for name, params in by_module.items():
-            if self.group_params and len(params) > 1 and not any(S.is_sharded(p) for _, p in params):
-                # one hook for a module's parameters (a weight and its bias): a hooked parameter
-                # costs every backward pass a call into Python inside torch, checked step or not
-                # (docs/overhead.md). The others' gradients are read when the pass ends
-                # (_grads_done), after every accumulation of the pass: the same values.
-                fn = partial(self._on_module_grads, tuple(params), name)
-                hooks = [(params[0][1], fn)]
-                self._mates[id(params[0][1])] = tuple(p for _, p in params)
-            else:  # a shard's gradient is read when its hook fires: its reduce-scatter is done then
-                hooks = [(p, partial(self._on_param_grad, pidx, name, sharded=S.is_sharded(p))) for pidx, p in params]
-            for p, fn in hooks:
-                h = p.register_post_accumulate_grad_hook(fn)
-                self.handles.append(h)
-                self.switch.add(h, fn)
-                self.hooked[name][1].append(h)
+            self.watched.setdefault(name, []).extend(params)
             self.hooked[name][2].extend(id(p) for _, p in params)
             self.hooked_params.update(id(p) for _, p in params)
+        if self.output_grads and not self._output_route_fits(by_module):
+            self.use_param_hooks(self._route_misfit)
+        elif self.output_grads:
+            self._nodes = None  # rebuilt at the next pass
+        else:
+            for name, params in by_module.items():
+                self._hook_module_params(name, params)
+
+    def _output_route_fits(self, by_module: dict[str, list[tuple[int, nn.Parameter]]]) -> bool:
+        """Whether the output's gradient can notice every pass over these parameters (else
+        ``_route_misfit`` says why)."""
+        for params in by_module.values():
+            for _, p in params:
+                if S.is_sharded(p):
+                    self._route_misfit = "sharded parameters (a shard's gradient is final after its reduce-scatter)"
+                    return False
+                if p._post_accumulate_grad_hooks:
+                    self._route_misfit = "parameters with post-accumulate-grad hooks of their own"
+                    return False
+        return True
+
+    def use_param_hooks(self, reason: str) -> None:
+        """Read gradients from parameter hooks from now on (``reason``: why the model output's
+        gradient cannot notice every backward pass), on every parameter watched so far."""
+        if not self.output_grads:
+            return
+        self.output_grads = False
+        self._nodes = None
+        if self.handles:
+            self._report(("param hooks",), f"neuraldbg: {reason}: parameter gradients are read from "
+                         "parameter hooks from now on", level=logging.INFO)
+        for name, params in self.watched.items():
+            self._hook_module_params(name, params)
+
+    def _hook_module_params(self, name: str, params: list[tuple[int, nn.Parameter]]) -> None:
+        """A hook on each of a module's parameters ``params`` (``(param index, param)``), or one
+        they share."""
+        if self.group_params and len(params) > 1 and not any(S.is_sharded(p) for _, p in params):
+            # one hook for a module's parameters (a weight and its bias): a hooked parameter
+            # costs every backward pass a call into Python inside torch, checked step or not
+            # (docs/overhead.md). The others' gradients are read when the pass ends
+            # (_grads_done), after every accumulation of the pass: the same values.
+            fn = partial(self._on_module_grads, tuple(params), name)
+            hooks = [(params[0][1], fn)]
+            self._mates[id(params[0][1])] = tuple(p for _, p in params)
+        else:  # a shard's gradient is read when its hook fires: its reduce-scatter is done then
+            hooks = [(p, partial(self._on_param_grad, pidx, name, sharded=S.is_sharded(p))) for pidx, p in params]
+        for p, fn in hooks:
+            h = p.register_post_accumulate_grad_hook(fn)
+            self.handles.append(h)
+            self.switch.add(h, fn)
+            self.hooked[name][1].append(h)
+
+    def forget_params(self, name: str) -> None:
+        """Stop watching the parameters of layer ``name`` (its module left the model)."""
+        self.watched.pop(name, None)
+        self._nodes = None
 
     def accumulated_with(self, param: Any) -> tuple[Any, ...]:
-        """The parameters whose gradients a backward pass may have accumulated by the time the
-        hook of ``param`` fires: its module's, where they share its hook, else ``param`` alone."""
+        """The parameters whose gradients a backward pass may have accumulated by the time
+        ``backward_started(param)`` is called: none where the output's gradient noticed the pass
+        (``param`` None), else ``param``'s module's where they share its hook, else ``param``."""
+        if param is None:
+            return ()
         return self._mates.get(id(param), (param,))
+
+    # ---- the output's gradient ---------------------------------------------------------
+    def arm_output(self, output: Any, traced: bool) -> None:
+        """A checked forward of the root returned ``output``: hook the gradient of its tensors
+        that require one (the first that fires opens the pass). An output without such a tensor
+        means the loss comes from elsewhere: parameter hooks from now on."""
+        tensors = _grad_tensors(output)
+        if not tensors:
+            if not traced:
+                self.use_param_hooks("the model's output holds no tensor that requires a gradient")
+            return
+        for t in tensors:
+            t.register_hook(self._on_output_grad)
+        if not traced:  # a counter read under torch.compile would be guarded on: recompiles
+            self._armed += 1
+
+    def check_output_grads(self) -> None:
+        """At an optimizer step: a checked forward hooked its output, yet no backward pass came
+        through it since the last step, so the loss was not computed from the model's output
+        (a stashed intermediate): parameter hooks from now on."""
+        if self.output_grads and self._armed and not self._fired:
+            self.use_param_hooks("no backward pass went through the model's output (the loss is "
+                                 "computed from elsewhere)")
+        self._armed = self._fired = 0
+
+    def _on_output_grad(self, grad: torch.Tensor) -> None:
+        self._fired += 1
+        buf = self.buf
+        if not buf.active or not self.output_grads:
+            return None
+        try:
+            pend = self._pending
+            if pend is not None and pend[0] is buf:
+                return None  # another tensor of the output, in a pass already open
+            nodes = self._nodes
+            if nodes is None:
+                nodes = self._nodes = _accumulation_nodes(self.watched)
+            will = _will_run
+            params = [(i, p) for i, p, node in nodes if will(node)]
+            if not params:
+                return None  # torch.autograd.grad, or a pass that accumulates none of ours
+            pend = self._open_pass(buf, None)
+            if pend is not None:
+                pend[3].append(params)
+        except Exception as e:  # noqa: BLE001 - this runs inside backward(): never raise
+            self._fail(("pgrad", type(e).__name__), f"parameter-gradient statistics failed: {e!r}")
+        return None
 
     def _open_pass(self, buf: StepBuffer, param: Any) -> tuple | None:
         """The running backward pass's pending gradients ``(buffer, [param index], [grad],
-        [a module's (param index, param) pairs])``, opened at its first hooked gradient; None
-        where no autograd engine runs (no final callback to wait for: the caller measures now)."""
+        [a module's (param index, param) pairs])``, opened at its first hooked gradient (or at
+        the output's, ``param`` None); None where no autograd engine runs (no final callback to
+        wait for: the caller measures now)."""
         if buf.eval_skipped and not buf.n_fwd and not self.eval_trains:
             # a backward after eval()-mode forwards: this model trains in eval mode
             self.eval_trains = True
@@ -173,6 +281,40 @@ class GradientHooks:
 
 
 # ---- helpers --------------------------------------------------------------------------
+
+def _will_run(node: Any) -> bool:
+    """Whether the running backward pass will run ``node`` (an accumulation node)."""
+    return torch._C._will_engine_execute_node(node)
+
+
+def _accumulation_nodes(watched: dict[str, list[tuple[int, nn.Parameter]]]) -> list[tuple]:
+    """``(param index, param, its gradient accumulation node)`` of every watched parameter that
+    requires a gradient (a frozen one has no node; none is made for it)."""
+    edge = torch.autograd.graph.get_gradient_edge
+    return [(i, p, edge(p).node) for params in watched.values() for i, p in params if p.requires_grad]
+
+
+def _grad_tensors(output: Any) -> list[torch.Tensor]:
+    """The tensors of a forward's output that require a gradient: the output itself, or those
+    of a tuple, list or mapping (a model output object), one level deep, up to
+    :data:`MAX_OUTPUT_HOOKS`."""
+    if isinstance(output, torch.Tensor):
+        return [output] if output.requires_grad else []
+    if isinstance(output, dict):
+        items = list(output.values())
+    elif isinstance(output, (tuple, list)):
+        items = list(output)
+    else:
+        return []
+    out: list[torch.Tensor] = []
+    for x in items:
+        for t in (x,) if isinstance(x, torch.Tensor) else x if isinstance(x, (tuple, list)) else ():
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                out.append(t)
+                if len(out) >= MAX_OUTPUT_HOOKS:
+                    return out
+    return out
+
 
 def _queue_at_backward_end(fn: Callable[[], None]) -> bool:
     """Run ``fn`` when the running backward pass ends (False when there is none)."""

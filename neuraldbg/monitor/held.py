@@ -3,8 +3,9 @@
 A small output (at most :data:`DEFER_NUMEL` elements) is not reduced in its module's hook: the
 hook hands it to :class:`HeldOutputs`, and when the root's forward ends (or, for a loop that
 calls sub-networks directly, when the backward starts or the step closes) the outputs held are
-stacked by kind, shape and dtype and reduced together (:func:`neuraldbg.monitor.stats.batched_output_stats`):
-a hundred layers of one shape cost a few kernels instead of a few hundred, with the same values.
+stacked by kind, shape and dtype and reduced together (:func:`neuraldbg.monitor.stats.batched_output_blocks`):
+a hundred layers of one shape cost a few kernels instead of a few hundred, with the same values,
+recorded as one :class:`~neuraldbg.monitor.records.Block` (no tensor per output).
 
 An output that a later op writes into in place (``ReLU(inplace=True)`` after a ``Linear``)
 would be read changed: each held output's version counter is compared when it is measured. A
@@ -26,7 +27,7 @@ from typing import Any, Callable
 import torch
 
 from neuraldbg.monitor import stats as S
-from neuraldbg.monitor.records import Spec, StepBuffer
+from neuraldbg.monitor.records import Block, Spec, StepBuffer
 
 #: outputs of at most this many elements are held to the end of the forward and measured
 #: together; a larger one is reduced in its hook, where its own kernels cost more than the
@@ -116,11 +117,23 @@ class HeldOutputs:
         records = buf.records
         with torch.no_grad():
             for (kind, sq, *_), items in groups.items():
-                try:
-                    outs = S.batched_output_stats([it[1] for it in items], kind, sq=sq)
-                except Exception:  # noqa: BLE001 - one at a time, each failure its own
-                    outs = [self._measure_one(it[0], it[1]) for it in items]
-                for (spec, _, _, n, _), o in zip(items, outs):
+                ys = [it[1] for it in items]
+                if S.batchable(ys, kind):
+                    try:
+                        scal, vec = S.batched_output_blocks(ys, kind, sq=sq)
+                    except Exception:  # noqa: BLE001 - one at a time below, each failure its own
+                        pass
+                    else:
+                        if kind == "relu":  # one shape: every output has the same unit count
+                            units = vec.numel() // len(items)
+                            slots = tuple(it[0].relu_slot(units) for it in items)
+                        else:
+                            slots = tuple(it[0].out for it in items)
+                        records.append(Block(slots, tuple(it[3] for it in items), scal, vec))
+                        buf.blocks = True
+                        continue
+                for spec, y, _, n, _ in items:
+                    o = self._measure_one(spec, y)
                     if o is not None:
                         records.append((spec.relu_slot(o[0].numel()) if kind == "relu" else spec.out, n, o))
 

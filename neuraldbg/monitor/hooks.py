@@ -5,9 +5,9 @@ few reductions on the device under ``torch.no_grad()`` (:mod:`neuraldbg.monitor.
 small output is held and measured with the others when the forward ends
 (:mod:`neuraldbg.monitor.held`: a few kernels for a hundred layers). Every parameter
 gradient of one backward pass is measured at once, by one ``torch._foreach_norm`` queued to
-run when that backward ends (after accumulation, before clipping or the optimizer; the
-parameter hooks are :mod:`neuraldbg.monitor.gradhooks`). On an
-unchecked step the module and parameter hooks are out of the model
+run when that backward ends (after accumulation, before clipping or the optimizer), noticed by
+a gradient hook on the model's output (:mod:`neuraldbg.monitor.gradhooks`). On an
+unchecked step the module hooks are out of the model
 (:mod:`neuraldbg.monitor.switch`) and the root's input hook only reads tensor metadata.
 Nothing is moved to the host per hook. A callback never raises into training: a failure is
 reported once and, for a module's output, disables that module's statistics.
@@ -31,7 +31,7 @@ from neuraldbg.config import DetectorConfig
 from neuraldbg.monitor import stats as S
 from neuraldbg.monitor.gradhooks import GradientHooks
 from neuraldbg.monitor.held import HeldOutputs
-from neuraldbg.monitor.records import (INPUT, INPUT_SLOT, OUT, Spec, StepBuffer, Tables, describe, first_tensor,
+from neuraldbg.monitor.records import (INPUT, INPUT_SLOT, OUT, Block, Spec, StepBuffer, Tables, describe, first_tensor,
                                        monitored_modules, tensors_of)
 from neuraldbg.monitor.switch import ALWAYS, EVERY_GROUP, HookSwitch
 
@@ -89,6 +89,15 @@ class ModuleHooks(GradientHooks):
         #: whether a module's parameters share one gradient hook (DetectorConfig.group_param_hooks_above),
         #: fixed on entry from the trainable parameter count
         self.group_params = sum(1 for p in root.parameters() if p.requires_grad) > config.group_param_hooks_above
+        #: whether the model output's gradient notices the backward passes (else parameter
+        #: hooks do: DetectorConfig.param_grad_hooks, or a setup the output cannot see; gradhooks.py)
+        self.output_grads = not config.param_grad_hooks and _OUTPUT_ROUTE
+        self._route_misfit = ""  # why the output's gradient cannot notice every pass
+        #: layer name -> its trainable parameters' (param index, param), in the order hooked
+        self.watched: dict[str, list[tuple[int, nn.Parameter]]] = {}
+        self._nodes: list[tuple] | None = None  # their accumulation nodes (gradhooks._accumulation_nodes)
+        self._armed = self._fired = 0  # outputs hooked, output gradients seen, since the last optimizer step
+        self._in_root = False  # inside the root's forward on a checked step
         #: id of a hooked parameter -> its module's parameters, where they share its hook
         self._mates: dict[int, tuple[Any, ...]] = {}
         self._n_out_hooks = 0  # output hooks registered so far (the next one's share)
@@ -108,15 +117,22 @@ class ModuleHooks(GradientHooks):
         self.held = HeldOutputs(report, self._fail, self._disable)
 
     # ---- lifecycle -------------------------------------------------------------------
-    def register(self, entries: bool = True) -> None:
+    def register(self, entries: bool = True, parallel: bool = False) -> None:
         """Hook the model input and every monitored module (raises if torch refuses a hook).
 
         ``entries``: also hook the inputs of the root's direct children. A training loop that
         calls its sub-networks directly (a GAN's generator and discriminator, a Lightning
         module's ``self.model``) never runs the root's forward, so their inputs are the
         model's input; they count only in steps where the root's forward did not run.
+        ``parallel``: the model is wrapped for data parallelism (DataParallel, DDP) or
+        ``torch.distributed`` is initialized: gradients are read from parameter hooks, where a
+        rank's own gradient is final before any reduction.
         """
         _guard_compiled_hooks()
+        if parallel and self.output_grads:
+            self.output_grads = False
+            self._report(("param hooks",), "neuraldbg: data-parallel training: parameter gradients are "
+                         "read from parameter hooks", level=logging.INFO)
         self.handles.append(self.root.register_forward_pre_hook(self._on_input, with_kwargs=True))
         # the end of the root's forward measures the outputs held (checked steps only)
         h = self.root.register_forward_hook(self._on_root_output)
@@ -145,6 +161,8 @@ class ModuleHooks(GradientHooks):
                 pass
         self.handles.clear()
         self._mates.clear()  # it holds the model's parameters
+        self.watched.clear()
+        self._nodes = None
         self.switch = HookSwitch()
         self.entries = HookSwitch()
         self.held.clear()
@@ -161,6 +179,7 @@ class ModuleHooks(GradientHooks):
             self.entries.set(active and self.entries_needed)
         self.batch_empty = False
         self._pending = None
+        self._in_root = False
 
     def next_unchecked(self, step: int) -> None:
         """Start an unchecked ``step`` after an unchecked step whose buffer recorded nothing (its
@@ -196,8 +215,10 @@ class ModuleHooks(GradientHooks):
         self.buf = StepBuffer(buf.step, buf.active, self.tables)
         if buf.traced:  # compiled hooks leave the forward order to be read here
             slots, names = self.tables.slots, self.tables.names
-            for slot, _, _ in buf.records:
-                group, layer = slots[slot][:2]
+            for r in buf.records:
+                if type(r) is Block:  # measured outside torch.compile: its order is known
+                    continue
+                group, layer = slots[r[0]][:2]
                 if group == OUT and names[layer] not in self.order_pos:
                     self._add_order(names[layer])
         return buf
@@ -249,10 +270,12 @@ class ModuleHooks(GradientHooks):
         new = [(n, m) for n, m in current if n not in self.hooked or self.hooked[n][0]() is not m]
         if not new and not stale:
             return None
+        self._nodes = None  # rebuilt at the next pass (a parameter may have been unfrozen)
         for name in stale:
             # the module left the model or moved under another name (e.g. wrapped by an
             # adapter): its hooks would report under a wrong or dead name
             _, handles, pids = self.hooked.pop(name)
+            self.forget_params(name)
             self.switch.forget(handles)
             for h in handles:
                 h.remove()
@@ -308,6 +331,7 @@ class ModuleHooks(GradientHooks):
                     return None
         else:  # the entry hooks would return at once for the rest of this step
             self.entries.set(False)
+            self._in_root = True
         measure = not self._skip_forward(buf)
         if not measure and not (torch.is_grad_enabled() and (self.root.training or self.eval_trains)):
             return None  # a validation pass
@@ -353,6 +377,11 @@ class ModuleHooks(GradientHooks):
             # under torch.compile every Python dict this hook reads is guarded: one that grows
             # (new unit counts, the forward order) would recompile, so those wait for the host
             traced = _is_compiling()
+            if not traced and self.output_grads and not self._in_root and module is not self.root:
+                # a sub-network called outside the root's forward (a GAN's players, a Lightning
+                # module's self.model): the root's output does not see its backward passes
+                self.use_param_hooks("a layer ran outside the model's forward (a loop that calls "
+                                     "its sub-networks)")
             held = not traced and self.held.hold(spec, y, n, buf)  # True: measured at the flush
             if not held:
                 # output_stats reads y.detach(): no graph, no grad-mode switch needed
@@ -385,6 +414,14 @@ class ModuleHooks(GradientHooks):
 
     def _on_root_output(self, module, inputs, output):
         self.flush()
+        if self.output_grads and self.buf.active and torch.is_grad_enabled():
+            traced = _is_compiling()
+            if not traced:  # read by the output hooks only outside torch.compile
+                self._in_root = False
+            try:
+                self.arm_output(output, traced)
+            except Exception as e:  # noqa: BLE001 - the monitor must not raise into training
+                self._fail(("output gradient", type(e).__name__), f"the output's gradient hook failed: {e!r}")
         return None
 
 
@@ -426,6 +463,9 @@ def _compiling() -> bool:
     except Exception:  # noqa: BLE001 - old torch
         return False
 
+
+#: whether this torch can tell which accumulation nodes a backward pass runs (the output route)
+_OUTPUT_ROUTE = hasattr(torch._C, "_will_engine_execute_node") and hasattr(torch.autograd.graph, "get_gradient_edge")
 
 #: torch.compiler.is_compiling, looked up once (it runs once per module per checked step)
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or _compiling

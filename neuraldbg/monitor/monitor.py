@@ -185,7 +185,8 @@ class NeuralDbg(CausalQueries):
                                "create a new one per run")
         self._entered = True
         try:
-            self._hooks.register(entries=not hasattr(self.model, "_orig_mod"))  # compiled: its root is the entry
+            # compiled: its root is the entry
+            self._hooks.register(entries=not hasattr(self.model, "_orig_mod"), parallel=self._data_parallel())
         except Exception:  # never break training: a monitor that cannot hook degrades to nothing
             self._hooks.remove()
             log.exception("neuraldbg: could not register hooks; monitoring is off for this run")
@@ -211,6 +212,13 @@ class NeuralDbg(CausalQueries):
             self._safe(lambda: setattr(self, "_merged", live.finish(self.trace())), "live merge")
         return False
 
+    def _data_parallel(self) -> bool:
+        """Whether the model trains data-parallel (a wrapper, or ``torch.distributed`` initialized)."""
+        wrapped = self.model
+        while hasattr(wrapped, "_orig_mod") and isinstance(wrapped._orig_mod, nn.Module):
+            wrapped = wrapped._orig_mod
+        return self.rank is not None or isinstance(wrapped, (nn.DataParallel, nn.parallel.DistributedDataParallel))
+
     def _start_roles(self) -> None:
         """The layers' roles: by name now, normalization probed on the first forward."""
         self._roles = LayerRoles(self.root, self._hooks.modules)
@@ -222,6 +230,7 @@ class NeuralDbg(CausalQueries):
 
     def _optimizer_pre(self, optimizer: Any) -> None:
         checked = self._update_checked()
+        self._hooks.check_output_grads()
         # a checked step s reads the rate noted at step s, else at s + 1 (_consume): only those
         if checked or self._step % self.every < 2 or self.every == 1:
             self._safe(lambda: self._note_lr(optimizer), "learning rate")

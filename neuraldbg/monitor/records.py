@@ -68,13 +68,15 @@ class StepBuffer:
     """What the hooks recorded in one step, still on the device."""
 
     __slots__ = ("step", "active", "tables", "records", "pgrad", "losses", "scale", "eval_skipped", "n_fwd",
-                 "traced", "root_called", "entry", "ran_without_grad")
+                 "traced", "root_called", "entry", "ran_without_grad", "blocks")
 
     def __init__(self, step: int, active: bool, tables: Tables) -> None:
         self.step = step
         self.active = active
         self.tables = tables
-        self.records: list[tuple] = []  # (slot, element count, 0-d tensors): one append per hook call
+        # (slot, element count, 0-d tensors): one append per hook call; or a Block of several
+        self.records: list[Any] = []
+        self.blocks = False             # whether a Block is among the records
         self.pgrad: list[tuple] = []    # (parameter indices, 1-d norms) per backward pass: last wins
         self.losses: list = []          # float or 0-d tensor
         self.scale: Any = None          # GradScaler scale during this step's backward (1-element tensor)
@@ -100,6 +102,18 @@ class StepBuffer:
         """Whether nothing at all was recorded (an unchecked step's buffer before its loss)."""
         return not (self.records or self.pgrad or self.losses or self.ran_without_grad or self.entry) \
             and self.scale is None
+
+
+class Block:
+    """The statistics of several module outputs measured together (``neuraldbg.monitor.held``),
+    one record for all of them: their slots and element counts, and their values as flat runs in
+    the order the records would hold them (``scal``: the scalars, ``vec``: the per-unit maxima
+    of ReLU-like outputs; either None; ``neuraldbg.monitor.stats.batched_output_blocks``)."""
+
+    __slots__ = ("slots", "ns", "scal", "vec")
+
+    def __init__(self, slots: tuple[int, ...], ns: tuple[int, ...], scal: Any, vec: Any) -> None:
+        self.slots, self.ns, self.scal, self.vec = slots, ns, scal, vec
 
 
 class Spec:

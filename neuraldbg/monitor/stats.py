@@ -224,23 +224,45 @@ def batched_output_stats(ys: list[torch.Tensor], kind: str, *, sq: bool = True) 
     """:func:`output_stats` of several outputs of one shape, dtype and device (``kind``
     'plain' or 'relu'), stacked and reduced together: a few kernels for the whole list instead
     of a few per output, the same values (sums and maxima exact, sums of squares to rounding).
-    Each tuple holds views into the stacked results."""
+    Each tuple holds views into the stacked results (:func:`batched_output_blocks`)."""
     if kind not in ("plain", "relu"):
         raise ValueError(f"batched output statistics cover the kinds 'plain' and 'relu', not {kind!r}")
-    y0 = ys[0]
-    if len(ys) == 1 or (kind == "relu" and y0.dim() <= 1):
+    if not batchable(ys, kind):
         return [output_stats(y, kind, sq=sq) for y in ys]
-    with torch.no_grad():
-        st = torch.stack([y.detach() for y in ys])
-        flat = st.view(len(ys), -1)
-        acc = _acc(y0)
-        sqs = torch.linalg.vector_norm(flat, dim=1, **acc).square().unbind() if sq else None
+    scal, vec = batched_output_blocks(ys, kind, sq=sq)
+    k = len(ys)
+    if kind == "relu":
+        maxima = vec.view(k, -1).unbind()
+        return list(zip(maxima, scal.unbind())) if sq else [(m,) for m in maxima]
+    return [tuple(row) for row in scal.view(k, -1)]
+
+
+def batchable(ys: list[torch.Tensor], kind: str) -> bool:
+    """Whether :func:`batched_output_blocks` applies: two outputs or more, a ReLU's of two dims
+    or more (one unit per output below that)."""
+    return len(ys) > 1 and not (kind == "relu" and ys[0].dim() <= 1)
+
+
+def batched_output_blocks(ys: list[torch.Tensor], kind: str, *,
+                          sq: bool = True) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The statistics of :func:`output_stats` of several outputs of one shape, dtype and device
+    (``kind`` 'plain' or 'relu'; :func:`batchable`), stacked and reduced together, as two flat
+    runs in the outputs' order, ``(scalars, maxima)``: for 'plain' each output's sum and [sum of
+    squares] one after the other, and None; for 'relu' each output's sum of squares (None
+    without ``sq``), and each output's per-unit maxima one after the other. The host reads them
+    where it would read the outputs' tuples, with no tensor made per output."""
+    if kind not in ("plain", "relu"):
+        raise ValueError(f"batched output statistics cover the kinds 'plain' and 'relu', not {kind!r}")
+    k = len(ys)
+    with torch.no_grad():  # the stack is then outside the graph: no detach per output
+        st = torch.stack(ys)
+        flat = st.view(k, -1)
+        acc = _acc(ys[0])
+        sqs = torch.linalg.vector_norm(flat, dim=1, **acc).square() if sq else None
         if kind == "relu":  # per-unit maxima (relu_units), one row per output
-            dims = tuple(d + 1 for d in unit_reduce_dims(y0))
-            first = st.amax(dim=dims).view(len(ys), -1).unbind()
-        else:
-            first = flat.sum(dim=1, **acc).unbind()
-    return list(zip(first, sqs)) if sq else [(f,) for f in first]
+            return sqs, st.amax(dim=tuple(d + 1 for d in unit_reduce_dims(ys[0]))).reshape(-1)
+        sums = flat.sum(dim=1, **acc)
+        return (torch.stack((sums, sqs), dim=1).reshape(-1) if sq else sums), None
 
 
 def input_stats(x: torch.Tensor, host_check: bool | None = None) -> tuple[torch.Tensor, ...]:

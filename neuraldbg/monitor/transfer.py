@@ -18,7 +18,7 @@ import torch
 
 from neuraldbg.events.stepstats import StepStats
 from neuraldbg.monitor import stats as S
-from neuraldbg.monitor.records import EMPTY, INPUT, OUT
+from neuraldbg.monitor.records import EMPTY, INPUT, OUT, Block
 
 if TYPE_CHECKING:  # pragma: no cover
     from neuraldbg.monitor.records import StepBuffer, Tables
@@ -37,13 +37,25 @@ class _Pending:
     """One closed step in the queue, its statistics packed into a few tensors (:meth:`pack`)."""
 
     __slots__ = ("step", "checked", "slots", "ns", "pgrad", "tensors", "floats", "scale", "has_bwd", "tables",
-                 "ran_without_grad", "lay", "scalars", "n_scalars", "vectors", "n_vectors")
+                 "ran_without_grad", "lay", "scalars", "n_scalars", "vectors", "n_vectors", "blocks")
 
     def __init__(self, buf: "StepBuffer") -> None:
         self.step = buf.step
         self.checked = buf.active
         records = buf.records
-        if records:
+        self.blocks = buf.blocks
+        if records and buf.blocks:  # a Block stands for several records
+            slots, ns = [], []
+            for r in records:
+                if type(r) is Block:
+                    slots.extend(r.slots)
+                    ns.extend(r.ns)
+                else:
+                    slots.append(r[0])
+                    ns.append(r[1])
+            self.slots = tuple(slots)
+            self.ns = np.array(ns + [0], dtype=np.float64)
+        elif records:
             self.slots = tuple(r[0] for r in records)
             # element counts of the records, then the "absent" 0 (see _read)
             self.ns = np.array([r[1] for r in records] + [0], dtype=np.float64)
@@ -70,6 +82,16 @@ class _Pending:
         self.lay = lay
         scalars: list[torch.Tensor] = []
         vectors: list[torch.Tensor] = []
+        if records and self.blocks:
+            scalars, vectors = _block_parts(records, self.tables)
+            scalars.extend(t if t.dim() == 0 else t.reshape(()) for t in self.tensors)
+            if self.scale is not None:
+                scalars.append(self.scale.reshape(()))
+            self.n_scalars = lay.size
+            self.n_vectors = lay.relu_len + (sum(v.numel() for _, v in self.pgrad) if self.pgrad else 0)
+            self.scalars = _stacked(_runs(scalars), torch.cat)
+            self.vectors = _stacked(vectors, torch.cat) + [v for _, v in self.pgrad]
+            return
         if records:
             vals = list(chain.from_iterable(r[2] for r in records))
             if lay.pick_scalars is not None:  # ReLU maxima (1-d) go with the vectors
@@ -87,6 +109,47 @@ class _Pending:
             scalars, vectors = _stacked(scalars, torch.stack), _stacked(vectors, torch.cat)
         self.scalars = scalars
         self.vectors = vectors + [v for _, v in self.pgrad]
+
+
+def _block_parts(records: list, tables: "Tables") -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The record values of a step with :class:`Block` records, in flat order (see
+    :class:`_Layout`): ``(scalars, maxima)``, the scalars 0-d tensors or 1-d runs of them."""
+    scal: list[torch.Tensor] = []
+    vec: list[torch.Tensor] = []
+    slots = tables.slots
+    for r in records:
+        if type(r) is Block:
+            if r.scal is not None:
+                scal.append(r.scal)
+            if r.vec is not None:
+                vec.append(r.vec)
+            continue
+        group, _, kind, _, units = slots[r[0]]
+        vals = r[2]
+        if group == OUT and kind == "relu" and units > 0:  # per-unit maxima first (S.output_stats)
+            vec.append(vals[0])
+            scal.extend(vals[1:])
+        else:
+            scal.extend(vals)
+    return scal, vec
+
+
+def _runs(parts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``parts`` (0-d tensors and 1-d runs) as 1-d tensors in the same order, each run of 0-d
+    tensors stacked into one."""
+    out: list[torch.Tensor] = []
+    run: list[torch.Tensor] = []
+    for t in parts:
+        if t.dim() == 0:
+            run.append(t)
+            continue
+        if run:
+            out.append(torch.stack(run))
+            run = []
+        out.append(t)
+    if run:
+        out.append(torch.stack(run))
+    return out
 
 
 def _split_losses(losses: list) -> tuple[list, list]:

@@ -463,8 +463,9 @@ def test_outputs_of_a_forward_on_another_thread_are_measured_in_their_hooks(monk
 def test_a_module_s_parameters_share_one_gradient_hook_above_the_count_and_read_the_same(every):
     """Above ``group_param_hooks_above`` a weight and its bias share the weight's hook and the
     bias's gradient is read when the pass ends: the same gradients, half the hooks."""
-    each, want, n_each = stack_run(10, 7, every, group_param_hooks_above=1000)  # 11 Linear layers, 22 parameters
-    shared, got, n_shared = stack_run(10, 7, every, group_param_hooks_above=10)
+    # 11 Linear layers, 22 parameters
+    each, want, n_each = stack_run(10, 7, every, group_param_hooks_above=1000, param_grad_hooks=True)
+    shared, got, n_shared = stack_run(10, 7, every, group_param_hooks_above=10, param_grad_hooks=True)
     assert not each._hooks.group_params and shared._hooks.group_params
     assert (n_each, n_shared) == (22, 11)
     assert [st.step for st in got] == [st.step for st in want] and len(got) >= 3
@@ -489,7 +490,7 @@ def test_a_shared_gradient_hook_reads_accumulated_micro_batches_as_a_hook_each()
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
         gen = torch.Generator().manual_seed(0)
         seen = []
-        dbg = NeuralDbg(model, every=2, config=DetectorConfig(group_param_hooks_above=above))
+        dbg = NeuralDbg(model, every=2, config=DetectorConfig(group_param_hooks_above=above, param_grad_hooks=True))
         orig = dbg._consume
         dbg._transfer._consume = lambda st: (seen.append(st), orig(st))
         with dbg:

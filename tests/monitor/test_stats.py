@@ -151,6 +151,32 @@ def test_batched_output_stats_equal_the_per_output_ones(shape, kind, sq):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, equal_nan=True)
 
 
+@pytest.mark.parametrize("shape", [(6, 5), (4, 3, 5), (2, 3, 4, 4)])
+@pytest.mark.parametrize("kind,sq", [("plain", True), ("plain", False), ("relu", False), ("relu", True)])
+def test_batched_output_blocks_hold_the_per_output_values_in_record_order(shape, kind, sq):
+    g = torch.Generator().manual_seed(1)
+    ys = [torch.randn(shape, generator=g) for _ in range(4)]
+    ys = [y.clamp_min(0) for y in ys] if kind == "relu" else ys
+    scal, vec = S.batched_output_blocks(ys, kind, sq=sq)
+    want = [S.output_stats(y, kind, sq=sq) for y in ys]
+    if kind == "relu":  # maxima one output after the other; the sums of squares in order
+        torch.testing.assert_close(vec, torch.cat([w[0] for w in want]), rtol=1e-6, atol=1e-6)
+        assert scal is None if not sq else torch.allclose(scal, torch.stack([w[1] for w in want]), rtol=1e-6)
+    else:  # (sum, [sum of squares]) of each output, one after the other
+        assert vec is None
+        torch.testing.assert_close(scal, torch.stack([v for w in want for v in w]), rtol=1e-6, atol=1e-6)
+
+
+def test_batched_output_blocks_by_hand():
+    scal, vec = S.batched_output_blocks([torch.tensor([[1.0, -2.0]]), torch.tensor([[3.0, 4.0]])], "plain")
+    assert scal.tolist() == [-1.0, 5.0, 7.0, 25.0] and vec is None
+    ys = [torch.tensor([[0.0, 2.0], [1.0, 0.0]]), torch.tensor([[0.0, 0.0], [0.0, 3.0]])]
+    scal, vec = S.batched_output_blocks(ys, "relu")
+    assert vec.tolist() == [1.0, 2.0, 0.0, 3.0] and scal.tolist() == [5.0, 9.0]
+    assert S.batchable([torch.zeros(2, 2)] * 2, "relu") and not S.batchable([torch.zeros(2, 2)], "plain")
+    assert not S.batchable([torch.zeros(3)] * 2, "relu")
+
+
 def test_batched_output_stats_of_half_outputs_accumulate_in_float32():
     ys = [torch.full((64, 64), 60.0, dtype=torch.float16) for _ in range(3)]  # squares sum past fp16's max
     for s, q in S.batched_output_stats(ys, "plain", sq=True):

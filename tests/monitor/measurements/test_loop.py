@@ -491,9 +491,9 @@ def test_a_module_s_shared_gradient_hook_reads_the_loop_alike(zero):
     check leaves them out (``ctx.accumulated_with``) and counts the same steps as with a hook each."""
     from neuraldbg.config import DetectorConfig
 
-    each = train(mlp(), zero=zero, opt_cls=torch.optim.SGD, lr=0.05)
+    each = train(mlp(), zero=zero, opt_cls=torch.optim.SGD, lr=0.05, config=DetectorConfig(param_grad_hooks=True))
     shared = train(mlp(), zero=zero, opt_cls=torch.optim.SGD, lr=0.05,
-                   config=DetectorConfig(group_param_hooks_above=1))
+                   config=DetectorConfig(group_param_hooks_above=1, param_grad_hooks=True))
     assert shared._hooks.group_params and not each._hooks.group_params
     assert (sig(shared, STALE_STEPS), sig(shared, STALE_CHECKED)) == (sig(each, STALE_STEPS), sig(each, STALE_CHECKED))
     if zero is None:
