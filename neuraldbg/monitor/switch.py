@@ -31,6 +31,10 @@ class HookSwitch:
         self.live: frozenset = frozenset((ALWAYS,))  # the groups whose hooks are in the model now
         self.every_group = True  # and every group added later (as on registration)
         self._group_of: dict[int, Any] = {}
+        # group -> [(hooks dict, handle id, hook)]: the dicts held directly, so that a transition
+        # costs a dict operation per hook and no weak-reference call (a few hundred per check on
+        # a deep model); dropped when the group changes
+        self._targets: dict[Any, list[tuple[dict, int, Any]]] = {}
 
     @property
     def paused(self) -> bool:
@@ -41,6 +45,7 @@ class HookSwitch:
         """Make ``handle``'s hook switchable in ``group`` (taken out at once unless that group is in)."""
         self.groups.setdefault(group, {})[handle.id] = (handle, fn)
         self._group_of[handle.id] = group
+        self._targets.pop(group, None)
         if self.every_group:
             self.live = self.live | {group}
         elif group not in self.live:
@@ -52,6 +57,7 @@ class HookSwitch:
             hid = getattr(h, "id", None)
             group = self._group_of.pop(hid, None)
             self.groups.get(group, {}).pop(hid, None)
+            self._targets.pop(group, None)
 
     def set(self, on: bool, group: Any = ALWAYS) -> None:
         """Put the hooks of group ``None`` and of ``group`` (every group: :data:`EVERY_GROUP`) in
@@ -64,16 +70,23 @@ class HookSwitch:
         if want == self.live:
             return
         for g in self.live - want:
-            for h, _ in self.groups.get(g, {}).values():
-                d = h.hooks_dict_ref()
-                if d is not None:
-                    d.pop(h.id, None)
+            for d, hid, _ in self._targets_of(g):
+                d.pop(hid, None)
         for g in want - self.live:
-            for h, fn in self.groups.get(g, {}).values():
+            for d, hid, fn in self._targets_of(g):
+                d[hid] = fn
+        self.live = want
+
+    def _targets_of(self, group: Any) -> list[tuple[dict, int, Any]]:
+        got = self._targets.get(group)
+        if got is None:
+            got = []
+            for h, fn in self.groups.get(group, {}).values():
                 d = h.hooks_dict_ref()
                 if d is not None:
-                    d[h.id] = fn
-        self.live = want
+                    got.append((d, h.id, fn))
+            self._targets[group] = got
+        return got
 
 
 def _take_out(handle: Any) -> None:
