@@ -63,8 +63,9 @@ class AddonContext(Protocol):
 
     def accumulated_with(self, param: Any) -> tuple[Any, ...]:
         """The parameters a backward pass may have accumulated by the time ``param`` is passed
-        to ``backward_started``: ``param`` and the parameters of its module that share its
-        gradient hook (on models above ``DetectorConfig.group_param_hooks_above`` parameters)."""
+        to ``backward_started``: none for ``None`` (the output's gradient noticed the pass), else
+        ``param`` and the parameters of its module that share its gradient hook (on models above
+        ``DetectorConfig.group_param_hooks_above`` parameters)."""
 
     @property
     def step(self) -> int:
@@ -148,9 +149,10 @@ class Addon:
         """Step ``step`` starts (before its forward); ``checked``: whether it is measured."""
 
     def backward_started(self, ctx: AddonContext, param: Any) -> None:
-        """A backward pass of a checked step accumulated its first gradient, into ``param``:
-        every parameter not in ``ctx.accumulated_with(param)`` still holds what it held before
-        the pass."""
+        """A backward pass of a checked step that accumulates parameter gradients started:
+        ``param`` None where the model output's gradient noticed it (no parameter has
+        accumulated yet), else the parameter whose hook did; every parameter not in
+        ``ctx.accumulated_with(param)`` still holds what it held before the pass."""
 
     def step_closed(self, ctx: AddonContext, step: int, checked: bool) -> None:
         """Step ``step`` was closed and its statistics queued for the host."""

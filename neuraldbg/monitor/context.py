@@ -61,7 +61,8 @@ class PartContext:
         return self._dbg._optimizers.params_of(optimizer)
 
     def accumulated_with(self, param: Any) -> tuple[Any, ...]:
-        """``param`` and the parameters of its module that share its gradient hook."""
+        """The parameters a pass may have accumulated when ``backward_started(param)`` is called:
+        none for ``None``, else ``param`` and those of its module that share its gradient hook."""
         return self._dbg._hooks.accumulated_with(param)
 
     @property

@@ -237,10 +237,13 @@ class GradientHooks:
             return
         buf, ids, grads, modules = pend
         try:
+            # parameter hooks put in while this pass ran (the output's pass, then a switch) have
+            # noted some already: each parameter is read once
+            noted = set(ids) if ids and modules else ()
             for params in modules:  # every accumulation of this pass is done now
                 for i, p in params:
                     g = p.grad
-                    if g is not None:
+                    if g is not None and i not in noted:
                         ids.append(i)
                         grads.append(g)
             if not ids:

@@ -356,6 +356,11 @@ class ModuleHooks(GradientHooks):
                 # a training-mode forward under no_grad: the module ran, cut from the loss (a
                 # host-side note, no kernel; the loop checks read it)
                 buf.ran_without_grad.add(spec.layer)
+                if self.output_grads and spec.name in self.watched and not _is_compiling():
+                    # reentrant activation checkpointing runs it again inside a backward of its
+                    # own, which the output's pass does not see
+                    self.use_param_hooks("a layer with trainable parameters ran under no_grad in "
+                                         "training mode (reentrant activation checkpointing)")
             return None
         if spec.name in self.disabled:
             return None
@@ -377,9 +382,11 @@ class ModuleHooks(GradientHooks):
             # under torch.compile every Python dict this hook reads is guarded: one that grows
             # (new unit counts, the forward order) would recompile, so those wait for the host
             traced = _is_compiling()
-            if not traced and self.output_grads and not self._in_root and module is not self.root:
+            if not traced and self.output_grads and not self._in_root and module is not self.root \
+                    and _graph_task_id() == -1:
                 # a sub-network called outside the root's forward (a GAN's players, a Lightning
-                # module's self.model): the root's output does not see its backward passes
+                # module's self.model): the root's output does not see its backward passes (a
+                # forward run again inside a backward is activation checkpointing's recomputation)
                 self.use_param_hooks("a layer ran outside the model's forward (a loop that calls "
                                      "its sub-networks)")
             held = not traced and self.held.hold(spec, y, n, buf)  # True: measured at the flush
@@ -466,6 +473,14 @@ def _compiling() -> bool:
 
 #: whether this torch can tell which accumulation nodes a backward pass runs (the output route)
 _OUTPUT_ROUTE = hasattr(torch._C, "_will_engine_execute_node") and hasattr(torch.autograd.graph, "get_gradient_edge")
+
+def _graph_task_id() -> int:
+    """The running backward pass's id, -1 outside one."""
+    try:
+        return torch._C._current_graph_task_id()
+    except Exception:  # noqa: BLE001 - an old torch without it: read as outside a backward
+        return -1
+
 
 #: torch.compiler.is_compiling, looked up once (it runs once per module per checked step)
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or _compiling

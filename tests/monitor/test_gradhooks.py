@@ -286,3 +286,48 @@ def test_the_output_route_reads_gradients_under_torch_compile():
     checked = [st for st in seen if st.names]
     assert dbg._hooks.output_grads and len(checked) == 3
     assert all(st.has_pgrad.sum() == 4 for st in checked)
+
+
+class Checkpointed(nn.Module):
+    def __init__(self, reentrant):
+        super().__init__()
+        torch.manual_seed(0)
+        self.reentrant = reentrant
+        self.a = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+        self.b = nn.Sequential(nn.Linear(16, 16), nn.ReLU())
+        self.h = nn.Linear(16, 3)
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        return self.h(checkpoint(self.b, self.a(x), use_reentrant=self.reentrant))
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_activation_checkpointing_reads_every_layer_s_gradients_from_the_first_step(reentrant):
+    """Reentrant checkpointing accumulates the block's gradients in a backward of its own, which
+    the output's pass does not see: its no_grad forward switches to parameter hooks. The
+    non-reentrant kind keeps the output's route (its recomputation inside the backward is no
+    sub-network call)."""
+    def run_(**config):
+        model = Checkpointed(reentrant)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        gen = torch.Generator().manual_seed(0)
+        seen = []
+        dbg = NeuralDbg(model, every=1, config=DetectorConfig(**config))
+        orig = dbg._consume
+        dbg._transfer._consume = lambda st: (seen.append(st), orig(st))
+        with dbg:
+            for _ in range(4):
+                x = torch.randn(8, 8, generator=gen)
+                opt.zero_grad()
+                loss = F.cross_entropy(model(x), x[:, :3].argmax(dim=1))
+                loss.backward()
+                dbg.record_loss(loss)
+                opt.step()
+        return dbg, [st for st in seen if st.names]
+
+    hooks, want = run_(param_grad_hooks=True)
+    auto, got = run_()
+    assert auto._hooks.output_grads is not reentrant
+    _same_gradients(got, want, 3)
