@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from collections.abc import Mapping
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from neuraldbg.vocab import (ACTIVATION, DATA, EVENT_KINDS, EVENT_TYPES, FAILURE_TYPES, GRADIENT,  # noqa: F401
                              OPTIMIZER, validate_failure_type)
@@ -113,3 +113,24 @@ def make_event(type: str, kind: str, layer: str | None, step: int, severity: flo
     ev.__dict__.update(type=type, kind=kind, layer=layer, step=step, end_step=step, count=1,
                        severity=float(severity), values=_freeze_values(values or {}), rank=None)
     return ev
+
+
+def make_events(type: str, kind: str, layers: Sequence[str | None], step: int, severities: Sequence[float],
+                columns: Mapping[str, Sequence[float]]) -> list[Event]:
+    """:func:`make_event` for several layers at one step: ``columns`` holds each value's numbers
+    in the layers' order. The same events, with the kind checked and the names sorted once (a
+    condition that persists on every layer of a deep stack is a hit per layer per check)."""
+    names = sorted(str(k) for k in columns)
+    cols = [[float(v) for v in columns[k]] for k in names]
+    if (type, kind) not in _VALID_KINDS:  # the validating constructor names what is valid
+        return [make_event(type, kind, layer, step, sev, dict(zip(names, vals)))
+                for layer, sev, *vals in zip(layers, severities, *cols)]
+    step = int(step)
+    new = object.__new__
+    out = []
+    for layer, sev, *vals in zip(layers, severities, *cols):
+        ev = new(Event)
+        ev.__dict__.update(type=type, kind=kind, layer=layer, step=step, end_step=step, count=1,
+                           severity=float(sev), values=tuple(zip(names, vals)), rank=None)
+        out.append(ev)
+    return out

@@ -64,6 +64,10 @@ class EventLog:
     Memory is bounded by the number of keys: after ``max_episodes`` episodes of a key, a
     new hit extends that key's last episode whatever the gap (``count`` keeps the total,
     ``end_step`` the last step), so a recurring condition reads as one long episode.
+
+    A hit merged into an open run updates that run's last step, count and severity in place;
+    the merged :class:`Event` (what :func:`merge` of every hit in turn gives) is made when
+    ``events`` is read, so a condition that persists costs no object per hit.
     """
 
     def __init__(self, gap: int, layer_index: Callable[[str | None], int | None] | None = None,
@@ -71,28 +75,48 @@ class EventLog:
         self.gap = gap
         self.layer_index = layer_index
         self.max_episodes = max_episodes
-        self._events: list[Event] = []
+        self._events: list[Event] = []   # each run's event as last read (its first hit until merged)
+        self._runs: list[list] = []      # each run's [last step, count, severity] so far
+        self._stale: set[int] = set()    # runs merged into since their event was made
         self._open: dict[tuple, int] = {}
         self._episodes: dict[tuple, int] = {}
 
     def add(self, ev: Event) -> None:
         """Add one hit, merging it into the open run of its key when close enough."""
-        key = (*ev.key, ev.rank)
+        key = (ev.type, ev.kind, ev.layer, ev.rank)
         idx = self._open.get(key)
-        if idx is not None and (ev.step <= self._events[idx].end_step + self.gap
-                                or self._episodes[key] >= self.max_episodes):
-            self._events[idx] = merge(self._events[idx], ev)
-        else:
-            self._open[key] = len(self._events)
-            self._episodes[key] = self._episodes.get(key, 0) + 1
-            self._events.append(ev)
+        if idx is not None:
+            run = self._runs[idx]
+            if ev.step <= run[0] + self.gap or self._episodes[key] >= self.max_episodes:
+                # merge(): the later end, the counts added, the larger severity (max's tie rule)
+                if ev.end_step > run[0]:
+                    run[0] = ev.end_step
+                run[1] += ev.count
+                if ev.severity > run[2]:
+                    run[2] = ev.severity
+                self._stale.add(idx)
+                return
+        self._open[key] = len(self._events)
+        self._episodes[key] = self._episodes.get(key, 0) + 1
+        self._events.append(ev)
+        self._runs.append([ev.end_step, ev.count, ev.severity])
+
+    def _merged(self) -> list[Event]:
+        for idx in self._stale:
+            first, (end, count, severity) = self._events[idx], self._runs[idx]
+            m = object.__new__(Event)  # valid by construction, as in merge()
+            m.__dict__.update(first.__dict__, end_step=end, count=count, severity=severity)
+            self._events[idx] = m
+        self._stale.clear()
+        return self._events
 
     @property
     def events(self) -> list[Event]:
         """Collapsed events in step order (same step: input side first, loss events last)."""
+        events = self._merged()
         if self.layer_index is None:
-            return sorted(self._events, key=_order_key)
-        return sorted(self._events, key=lambda e: (e.step, _depth(self.layer_index, e.layer), _order_key(e)))
+            return sorted(events, key=_order_key)
+        return sorted(events, key=lambda e: (e.step, _depth(self.layer_index, e.layer), _order_key(e)))
 
     def __len__(self) -> int:
         return len(self._events)

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from neuraldbg.events.base import GRADIENT, Event, make_event
+from neuraldbg.events.base import GRADIENT, Event, make_event, make_events
 from neuraldbg.events.registry import Detector, register_detector
 from neuraldbg.events.stepstats import LayerIndex, StepStats, grown
 
@@ -202,13 +202,13 @@ class GradientHealthDetector(Detector):
         # one exploding layer makes every other layer look vanished next to it
         mask, rel = vanishing_mask(r, cfg.vanish_abs, cfg.vanish_ratio)
         hits = np.flatnonzero(mask)
-        for i in hits:
-            q = float(rel[i])
-            sev = min(-math.log10(max(q, 1e-30)), 30.0) / 3.0
-            # out_rms separates tiny weights (tiny activations) from deep saturating
-            # stacks (normal activations, gradients shrunk by the derivatives)
-            events.append(make_event(GRADIENT, "vanishing", stats.names[i], stats.step, sev, {
-                "grad_rms": float(r[i]), "ratio_to_max": q, "out_rms": float(out_rms[i])}))
+        q = rel[hits].tolist()
+        names = stats.names
+        # out_rms separates tiny weights (tiny activations) from deep saturating stacks (normal
+        # activations, gradients shrunk by the derivatives)
+        events = make_events(GRADIENT, "vanishing", [names[i] for i in hits], stats.step,
+                             [min(-math.log10(max(x, 1e-30)), 30.0) / 3.0 for x in q],
+                             {"grad_rms": r[hits].tolist(), "ratio_to_max": q, "out_rms": out_rms[hits].tolist()})
         self._vanished_warm[idx[hits[np.isnan(base[hits])]]] = True
         return events
 

@@ -37,3 +37,22 @@ def test_make_event_builds_the_same_event_as_the_validating_constructor():
     with pytest.raises(ValueError, match="valid"):
         make_event(GRADIENT, "melting", "fc1", 1, 1.0)
     assert make_event(GRADIENT, "vanishing", None, 3, 1.0, rank=2).rank == 2
+
+
+def test_make_events_builds_the_events_make_event_builds_one_by_one():
+    import numpy as np
+    import pytest
+
+    from neuraldbg.events.base import make_event, make_events
+    from neuraldbg.vocab import GRADIENT
+
+    layers, sev = ["a", "b", None], [1.0, np.float64(2.5), 3]
+    cols = {"z": [1, 2, 3], "a": np.array([0.5, 0.25, 0.125]), "m": [np.float32(7.0), 8.0, 9.0]}
+    got = make_events(GRADIENT, "vanishing", layers, 12, sev, cols)
+    want = [make_event(GRADIENT, "vanishing", layer, 12, s, {k: v[j] for k, v in cols.items()})
+            for j, (layer, s) in enumerate(zip(layers, sev))]
+    assert got == want and [repr(e) for e in got] == [repr(e) for e in want]
+    assert all(type(v) is float for e in got for _, v in e.values) and got[0].values[0] == ("a", 0.5)
+    assert make_events(GRADIENT, "vanishing", [], 3, [], {"x": []}) == []
+    with pytest.raises(ValueError, match="valid"):
+        make_events(GRADIENT, "melting", ["a"], 1, [1.0], {"x": [1.0]})

@@ -60,3 +60,20 @@ def test_merge_is_the_validated_replace():
     want = dataclasses.replace(a, end_step=5, count=2, severity=2.5)
     assert m == want and hash(m) == hash(want) and type(m) is Event
     assert a.end_step == 3 and a.count == 1  # the original is untouched
+
+
+@settings(max_examples=100, deadline=None)
+@given(events_st, st.integers(0, 5), st.integers(1, 40))
+def test_online_log_read_mid_run_keeps_what_it_returned(events, gap, cut):
+    """A run merged into after ``events`` was read gets a new Event: the list returned earlier
+    still holds the values it had (events are frozen records)."""
+    log = EventLog(gap)
+    ordered = sorted(events, key=lambda e: e.step)
+    for e in ordered[:cut]:
+        log.add(e)
+    early = log.events
+    snapshot = [repr(e) for e in early]
+    for e in ordered[cut:]:
+        log.add(e)
+    assert [repr(e) for e in early] == snapshot
+    assert sorted(log.events, key=repr) == sorted(collapse(events, gap), key=repr)
