@@ -81,7 +81,7 @@ class GradientHooks:
         self.output_grads = False
         self._nodes = None
         if self.handles:
-            self._report(("param hooks",), f"neuraldbg: {reason}: parameter gradients are read from "
+            self._report(("param hooks",), f"{reason}: parameter gradients are read from "
                          "parameter hooks from now on", level=logging.INFO)
         for name, params in self.watched.items():
             self._hook_module_params(name, params)

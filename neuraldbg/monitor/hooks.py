@@ -131,7 +131,7 @@ class ModuleHooks(GradientHooks):
         _guard_compiled_hooks()
         if parallel and self.output_grads:
             self.output_grads = False
-            self._report(("param hooks",), "neuraldbg: data-parallel training: parameter gradients are "
+            self._report(("param hooks",), "data-parallel training: parameter gradients are "
                          "read from parameter hooks", level=logging.INFO)
         self.handles.append(self.root.register_forward_pre_hook(self._on_input, with_kwargs=True))
         # the end of the root's forward measures the outputs held (checked steps only)
