@@ -10,7 +10,35 @@ from torch.nn import functional as F
 from neuraldbg import NeuralDbg
 from neuraldbg.config import DetectorConfig
 from neuraldbg.monitor.gradhooks import MAX_OUTPUT_HOOKS, _grad_tensors
-from tests.monitor.test_hooks import stack, stack_run
+from tests.monitor.measurements.test_loop import GAN
+from tests.monitor.test_hooks import micro_batch_run, stack, stack_run
+
+
+def monitored(model, every=1, **config):
+    """A monitor on ``model`` under ``DetectorConfig(**config)`` (not entered) and the list its
+    steps' statistics are appended to."""
+    seen = []
+    dbg = NeuralDbg(model, every=every, config=DetectorConfig(**config))
+    orig = dbg._consume
+    dbg._transfer._consume = lambda st: (seen.append(st), orig(st))
+    return dbg, seen
+
+
+def classify(model, dbg, steps, call=None):
+    """Train ``model`` ``steps`` steps under ``dbg`` (entered here) with SGD on a fixed stream:
+    each row's class is the largest of its first three inputs; ``call`` runs the forward."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(0)
+    call = model if call is None else call
+    with dbg:
+        for _ in range(steps):
+            x = torch.randn(8, 8, generator=gen)
+            opt.zero_grad()
+            loss = F.cross_entropy(call(x), x[:, :3].argmax(dim=1))
+            loss.backward()
+            dbg.record_loss(loss)
+            opt.step()
+    return dbg
 
 
 def _same_gradients(got, want, n_layers):
@@ -41,15 +69,7 @@ def test_the_output_s_gradient_reads_what_parameter_hooks_read_and_leaves_nothin
 
 def test_no_parameter_hook_object_is_left_after_the_monitor_exits():
     model = stack(4)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    with NeuralDbg(model, every=2) as dbg:
-        for _ in range(4):
-            x = torch.randn(8, 8)
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), x[:, :3].argmax(dim=1))
-            loss.backward()
-            dbg.record_loss(loss)
-            opt.step()
+    classify(model, NeuralDbg(model, every=2), 4)
     assert _hooked(model) == 0
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 
@@ -57,38 +77,10 @@ def test_no_parameter_hook_object_is_left_after_the_monitor_exits():
 def test_accumulated_micro_batches_read_as_with_parameter_hooks():
     """Two backward passes per step (``dbg.step`` set): each pass is read when it ends, the last
     pass's reading is the step's."""
-    def run_(**config):
-        model = stack(10)
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        gen = torch.Generator().manual_seed(0)
-        seen = []
-        dbg = NeuralDbg(model, every=2, config=DetectorConfig(**config))
-        orig = dbg._consume
-        dbg._transfer._consume = lambda st: (seen.append(st), orig(st))
-        with dbg:
-            for step in range(8):
-                dbg.step = step
-                opt.zero_grad()
-                for _ in range(2):
-                    x = torch.randn(8, 8, generator=gen)
-                    loss = F.cross_entropy(model(x), x[:, :3].argmax(dim=1)) / 2
-                    loss.backward()
-                    dbg.record_loss(loss)
-                opt.step()
-        return dbg, [st for st in seen if st.names]
-
-    hooks, want = run_(param_grad_hooks=True)
-    out, got = run_()
+    hooks, want = micro_batch_run(8, param_grad_hooks=True)
+    out, got = micro_batch_run(8)
     assert out._hooks.output_grads
     _same_gradients(got, want, 11)
-
-
-class GAN(nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
-        self.D = nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
 
 
 def _gan_run(**config):
@@ -97,10 +89,7 @@ def _gan_run(**config):
     opt_d = torch.optim.Adam(m.D.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
     ones, zeros = torch.ones(16, 1), torch.zeros(16, 1)
-    seen = []
-    dbg = NeuralDbg(m, every=2, config=DetectorConfig(**config))
-    orig = dbg._consume
-    dbg._transfer._consume = lambda st: (seen.append(st), orig(st))
+    dbg, seen = monitored(m, every=2, **config)
     with dbg:
         for _ in range(8):
             real = torch.randn(16, 2, generator=gen) + 2.0
@@ -146,10 +135,7 @@ class Stash(nn.Module):
 def test_an_output_without_a_gradient_switches_to_parameter_hooks_before_the_backward(caplog):
     model = Stash()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    seen = []
-    dbg = NeuralDbg(model, every=1)
-    orig = dbg._consume
-    dbg._transfer._consume = lambda st: (seen.append(st), orig(st))
+    dbg, seen = monitored(model, every=1)
     gen = torch.Generator().manual_seed(0)
     with caplog.at_level(logging.INFO, logger="neuraldbg"), dbg:
         for _ in range(5):
@@ -241,10 +227,7 @@ class Dict(nn.Module):
 def test_a_model_output_mapping_is_hooked_through_its_tensors():
     model = Dict()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    seen = []
-    dbg = NeuralDbg(model, every=1)
-    orig = dbg._consume
-    dbg._transfer._consume = lambda st: (seen.append(st), orig(st))
+    dbg, seen = monitored(model, every=1)
     with dbg:
         for _ in range(3):
             x = torch.randn(8, 8)
@@ -269,20 +252,8 @@ def test_grad_tensors_of_an_output():
 
 def test_the_output_route_reads_gradients_under_torch_compile():
     model = stack(3)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    seen = []
-    dbg = NeuralDbg(model, every=2)
-    orig = dbg._consume
-    dbg._transfer._consume = lambda st: (seen.append(st), orig(st))
-    with dbg:
-        compiled = torch.compile(model, backend="aot_eager")
-        for _ in range(6):
-            x = torch.randn(8, 8)
-            opt.zero_grad()
-            loss = F.cross_entropy(compiled(x), x[:, :3].argmax(dim=1))
-            loss.backward()
-            dbg.record_loss(loss)
-            opt.step()
+    dbg, seen = monitored(model, every=2)
+    classify(model, dbg, 6, call=torch.compile(model, backend="aot_eager"))  # traced once the hooks are in
     checked = [st for st in seen if st.names]
     assert dbg._hooks.output_grads and len(checked) == 3
     assert all(st.has_pgrad.sum() == 4 for st in checked)
@@ -311,21 +282,8 @@ def test_activation_checkpointing_reads_every_layer_s_gradients_from_the_first_s
     sub-network call)."""
     def run_(**config):
         model = Checkpointed(reentrant)
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        gen = torch.Generator().manual_seed(0)
-        seen = []
-        dbg = NeuralDbg(model, every=1, config=DetectorConfig(**config))
-        orig = dbg._consume
-        dbg._transfer._consume = lambda st: (seen.append(st), orig(st))
-        with dbg:
-            for _ in range(4):
-                x = torch.randn(8, 8, generator=gen)
-                opt.zero_grad()
-                loss = F.cross_entropy(model(x), x[:, :3].argmax(dim=1))
-                loss.backward()
-                dbg.record_loss(loss)
-                opt.step()
-        return dbg, [st for st in seen if st.names]
+        dbg, seen = monitored(model, every=1, **config)
+        return classify(model, dbg, 4), [st for st in seen if st.names]
 
     hooks, want = run_(param_grad_hooks=True)
     auto, got = run_()

@@ -479,31 +479,37 @@ def test_a_module_s_parameters_share_one_gradient_hook_above_the_count_and_read_
 
 
 
+def micro_batch_run(steps=6, **config):
+    """A stack of 10 blocks at every=2, two backward passes per step (``dbg.step`` set), under
+    ``DetectorConfig(**config)``: the monitor and its checked steps' statistics."""
+    from neuraldbg.config import DetectorConfig
+
+    model = stack(10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(0)
+    seen = []
+    dbg = NeuralDbg(model, every=2, config=DetectorConfig(**config))
+    orig = dbg._consume
+    dbg._transfer._consume = lambda st: (seen.append(st), orig(st))
+    with dbg:
+        for step in range(steps):
+            dbg.step = step
+            opt.zero_grad()
+            for _ in range(2):
+                x = torch.randn(8, 8, generator=gen)
+                loss = F.cross_entropy(model(x), x[:, :3].argmax(dim=1)) / 2
+                loss.backward()
+                dbg.record_loss(loss)
+            opt.step()
+    return dbg, [st for st in seen if st.names]
+
+
 def test_a_shared_gradient_hook_reads_accumulated_micro_batches_as_a_hook_each():
     """Two backward passes per step (``dbg.step`` set): the module's other gradients are read at
     the end of each pass, as accumulated so far; the last pass's reading is the step's, as with a
     hook each."""
-    from neuraldbg.config import DetectorConfig
-
     def run_(above):
-        model = stack(10)
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        gen = torch.Generator().manual_seed(0)
-        seen = []
-        dbg = NeuralDbg(model, every=2, config=DetectorConfig(group_param_hooks_above=above, param_grad_hooks=True))
-        orig = dbg._consume
-        dbg._transfer._consume = lambda st: (seen.append(st), orig(st))
-        with dbg:
-            for step in range(6):
-                dbg.step = step
-                opt.zero_grad()
-                for _ in range(2):
-                    x = torch.randn(8, 8, generator=gen)
-                    loss = F.cross_entropy(model(x), x[:, :3].argmax(dim=1)) / 2
-                    loss.backward()
-                    dbg.record_loss(loss)
-                opt.step()
-        return dbg, [st for st in seen if st.names]
+        return micro_batch_run(group_param_hooks_above=above, param_grad_hooks=True)
 
     each, want = run_(1000)
     shared, got = run_(10)
