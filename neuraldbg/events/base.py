@@ -105,13 +105,18 @@ def make_event(type: str, kind: str, layer: str | None, step: int, severity: flo
     if kw or (type, kind) not in _VALID_KINDS:  # the validating constructor names what is valid
         return Event(type=type, kind=kind, layer=layer, step=int(step), severity=float(severity),
                      values=_freeze_values(values or {}), **kw)
-    # valid by construction (a known kind, end_step = step, count 1): the frozen dataclass's
-    # __init__ and checks cost more than the rest of a hit, and a condition that persists on
-    # every layer of a deep stack is one hit per layer per check
+    return _hit(type, kind, layer, int(step), float(severity), _freeze_values(values or {}))
+
+
+def _hit(type: str, kind: str, layer: str | None, step: int, severity: float,
+         values: tuple[tuple[str, float], ...]) -> Event:
+    """An :class:`Event` of one hit, valid by construction (a known kind, end_step = step,
+    count 1, frozen values): the frozen dataclass's __init__ and checks cost more than the rest
+    of a hit, and a condition that persists on every layer of a deep stack is one hit per layer
+    per check."""
     ev = object.__new__(Event)
-    step = int(step)
     ev.__dict__.update(type=type, kind=kind, layer=layer, step=step, end_step=step, count=1,
-                       severity=float(severity), values=_freeze_values(values or {}), rank=None)
+                       severity=severity, values=values, rank=None)
     return ev
 
 
@@ -126,11 +131,5 @@ def make_events(type: str, kind: str, layers: Sequence[str | None], step: int, s
         return [make_event(type, kind, layer, step, sev, dict(zip(names, vals)))
                 for layer, sev, *vals in zip(layers, severities, *cols)]
     step = int(step)
-    new = object.__new__
-    out = []
-    for layer, sev, *vals in zip(layers, severities, *cols):
-        ev = new(Event)
-        ev.__dict__.update(type=type, kind=kind, layer=layer, step=step, end_step=step, count=1,
-                           severity=float(sev), values=tuple(zip(names, vals)), rank=None)
-        out.append(ev)
-    return out
+    return [_hit(type, kind, layer, step, float(sev), tuple(zip(names, vals)))
+            for layer, sev, *vals in zip(layers, severities, *cols)]

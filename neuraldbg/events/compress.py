@@ -13,12 +13,15 @@ from neuraldbg.events.base import Event
 
 def merge(a: Event, b: Event) -> Event:
     """Merge ``b`` (later) into ``a``: first step and triggering values of ``a`` are kept."""
-    # a copy of the validated ``a`` with three fields changed, each valid by construction: not
-    # dataclasses.replace, whose validation runs once per hit of a condition that persists
-    # (every layer of a deep stack whose gradients vanish, on every check)
+    return _extended(a, max(a.end_step, b.end_step), a.count + b.count, max(a.severity, b.severity))
+
+
+def _extended(a: Event, end_step: int, count: int, severity: float) -> Event:
+    """A copy of the validated ``a`` with its run's end, count and severity, each valid by
+    construction: not dataclasses.replace, whose validation would run once per hit of a
+    condition that persists (every layer of a deep stack whose gradients vanish, on every check)."""
     m = object.__new__(Event)
-    m.__dict__.update(a.__dict__, end_step=max(a.end_step, b.end_step), count=a.count + b.count,
-                      severity=max(a.severity, b.severity))
+    m.__dict__.update(a.__dict__, end_step=end_step, count=count, severity=severity)
     return m
 
 
@@ -103,10 +106,7 @@ class EventLog:
 
     def _merged(self) -> list[Event]:
         for idx in self._stale:
-            first, (end, count, severity) = self._events[idx], self._runs[idx]
-            m = object.__new__(Event)  # valid by construction, as in merge()
-            m.__dict__.update(first.__dict__, end_step=end, count=count, severity=severity)
-            self._events[idx] = m
+            self._events[idx] = _extended(self._events[idx], *self._runs[idx])
         self._stale.clear()
         return self._events
 

@@ -50,7 +50,6 @@ class GradientHooks:
             by_module.setdefault(name, []).append((self.tables.param(layer, S.local_numel(p)), p))
         for name, params in by_module.items():
             self.watched.setdefault(name, []).extend(params)
-            self.hooked[name][2].extend(id(p) for _, p in params)
             self.hooked_params.update(id(p) for _, p in params)
         if self.output_grads and not self._output_route_fits(by_module):
             self.use_param_hooks(self._route_misfit)
@@ -80,9 +79,8 @@ class GradientHooks:
             return
         self.output_grads = False
         self._nodes = None
-        if self.handles:
-            self._report(("param hooks",), f"{reason}: parameter gradients are read from "
-                         "parameter hooks from now on", level=logging.INFO)
+        self._report(("param hooks",), f"{reason}: parameter gradients are read from parameter hooks "
+                     "from now on", level=logging.INFO)
         for name, params in self.watched.items():
             self._hook_module_params(name, params)
 
@@ -105,10 +103,11 @@ class GradientHooks:
             self.switch.add(h, fn)
             self.hooked[name][1].append(h)
 
-    def forget_params(self, name: str) -> None:
-        """Stop watching the parameters of layer ``name`` (its module left the model)."""
-        self.watched.pop(name, None)
+    def forget_params(self, name: str) -> list[tuple[int, nn.Parameter]]:
+        """Stop watching the parameters of layer ``name`` (its module left the model); they are
+        returned."""
         self._nodes = None
+        return self.watched.pop(name, [])
 
     def accumulated_with(self, param: Any) -> tuple[Any, ...]:
         """The parameters whose gradients a backward pass may have accumulated by the time

@@ -69,9 +69,9 @@ class ModuleHooks(GradientHooks):
         #: steps): every other parameter still holds what it held before the pass
         self.backward_started = backward_started
         self.eval_trains = False  # set when the model is trained in eval() mode (then eval forwards count)
-        # layer name -> (weak ref to the hooked module, its hook handles, ids of its params):
-        # how replaced or renamed modules are noticed and unhooked (weak: an orphan is freed)
-        self.hooked: dict[str, tuple[Any, list, list[int]]] = {}
+        # layer name -> (weak ref to the hooked module, its hook handles): how replaced or renamed
+        # modules are noticed and unhooked (weak: an orphan is freed); their parameters: watched
+        self.hooked: dict[str, tuple[Any, list]] = {}
         self.hooked_params: set[int] = set()
         self.handles: list[Any] = []
         self.switch = HookSwitch()  # takes the hooks out of the model on unchecked steps
@@ -129,10 +129,8 @@ class ModuleHooks(GradientHooks):
         rank's own gradient is final before any reduction.
         """
         _guard_compiled_hooks()
-        if parallel and self.output_grads:
-            self.output_grads = False
-            self._report(("param hooks",), "data-parallel training: parameter gradients are "
-                         "read from parameter hooks", level=logging.INFO)
+        if parallel:
+            self.use_param_hooks("data-parallel training (a rank's own gradient is final before any reduction)")
         self.handles.append(self.root.register_forward_pre_hook(self._on_input, with_kwargs=True))
         # the end of the root's forward measures the outputs held (checked steps only)
         h = self.root.register_forward_hook(self._on_root_output)
@@ -245,7 +243,7 @@ class ModuleHooks(GradientHooks):
             self.handles.append(h)
             self.switch.add(h, fn, self._n_out_hooks % self.shares if self.shares > 1 else ALWAYS)
             self._n_out_hooks += 1
-            self.hooked[name] = (weakref.ref(mod), [h], [])
+            self.hooked[name] = (weakref.ref(mod), [h])
             for p in mod.parameters(recurse=False):
                 # a tensor subclass other than a sharded DTensor is not measured: coverage says so.
                 # A shard with no elements on this rank (uneven sharding) has no gradient to read.
@@ -266,7 +264,7 @@ class ModuleHooks(GradientHooks):
             return None  # not active (or registration failed): nothing to keep in sync
         current = monitored_modules(self.root)
         now = dict(current)
-        stale = [n for n, (ref, _, _) in self.hooked.items() if now.get(n) is None or ref() is not now[n]]
+        stale = [n for n, (ref, _) in self.hooked.items() if now.get(n) is None or ref() is not now[n]]
         new = [(n, m) for n, m in current if n not in self.hooked or self.hooked[n][0]() is not m]
         if not new and not stale:
             return None
@@ -274,8 +272,8 @@ class ModuleHooks(GradientHooks):
         for name in stale:
             # the module left the model or moved under another name (e.g. wrapped by an
             # adapter): its hooks would report under a wrong or dead name
-            _, handles, pids = self.hooked.pop(name)
-            self.forget_params(name)
+            _, handles = self.hooked.pop(name)
+            pids = [id(p) for _, p in self.forget_params(name)]
             self.switch.forget(handles)
             for h in handles:
                 h.remove()
@@ -473,6 +471,7 @@ def _compiling() -> bool:
 
 #: whether this torch can tell which accumulation nodes a backward pass runs (the output route)
 _OUTPUT_ROUTE = hasattr(torch._C, "_will_engine_execute_node") and hasattr(torch.autograd.graph, "get_gradient_edge")
+
 
 def _graph_task_id() -> int:
     """The running backward pass's id, -1 outside one."""

@@ -35,7 +35,7 @@ from neuraldbg.monitor.measurements import parts_for
 from neuraldbg.monitor.measurements.reference import ReferenceLoss, check_reference
 from neuraldbg.monitor.measurements.weights import weight_census
 from neuraldbg.monitor.optimizers import OptimizerWatch
-from neuraldbg.monitor.records import dist_rank, unwrap
+from neuraldbg.monitor.records import DATA_PARALLEL, dist_rank, unwrap, wrappers
 from neuraldbg.monitor.roles import LayerRoles
 from neuraldbg.monitor.stats import measurable
 from neuraldbg.monitor.settings import (DEFAULT_REFERENCE_EVERY, Settings, check_at_init, check_config,
@@ -214,10 +214,7 @@ class NeuralDbg(CausalQueries):
 
     def _data_parallel(self) -> bool:
         """Whether the model trains data-parallel (a wrapper, or ``torch.distributed`` initialized)."""
-        wrapped = self.model
-        while hasattr(wrapped, "_orig_mod") and isinstance(wrapped._orig_mod, nn.Module):
-            wrapped = wrapped._orig_mod
-        return self.rank is not None or isinstance(wrapped, (nn.DataParallel, nn.parallel.DistributedDataParallel))
+        return self.rank is not None or any(isinstance(m, DATA_PARALLEL) for m in wrappers(self.model))
 
     def _start_roles(self) -> None:
         """The layers' roles: by name now, normalization probed on the first forward."""

@@ -173,18 +173,28 @@ def describe(output) -> str:
     return type(output).__name__
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module under ``torch.compile``, ``DataParallel`` and DDP wrappers."""
-    seen = 0
-    while seen < 8:
-        seen += 1
+#: the data-parallel wrappers :func:`wrappers` looks through
+DATA_PARALLEL = (nn.DataParallel, nn.parallel.DistributedDataParallel)
+
+
+def wrappers(model: nn.Module) -> list[nn.Module]:
+    """``model`` and each module it wraps under ``torch.compile``, ``DataParallel`` and DDP
+    wrappers, outermost first (the last is the user's module)."""
+    chain = [model]
+    while len(chain) < 9:
         if hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
             model = model._orig_mod
-        elif isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+        elif isinstance(model, DATA_PARALLEL):
             model = model.module
         else:
             break
-    return model
+        chain.append(model)
+    return chain
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's module under ``torch.compile``, ``DataParallel`` and DDP wrappers."""
+    return wrappers(model)[-1]
 
 
 def dist_rank() -> tuple[int | None, int | None]:

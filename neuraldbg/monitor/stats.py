@@ -220,23 +220,6 @@ def output_stats(y: torch.Tensor, kind: str, *, sq: bool = True, bounds: tuple[f
     return out
 
 
-def batched_output_stats(ys: list[torch.Tensor], kind: str, *, sq: bool = True) -> list[tuple[torch.Tensor, ...]]:
-    """:func:`output_stats` of several outputs of one shape, dtype and device (``kind``
-    'plain' or 'relu'), stacked and reduced together: a few kernels for the whole list instead
-    of a few per output, the same values (sums and maxima exact, sums of squares to rounding).
-    Each tuple holds views into the stacked results (:func:`batched_output_blocks`)."""
-    if kind not in ("plain", "relu"):
-        raise ValueError(f"batched output statistics cover the kinds 'plain' and 'relu', not {kind!r}")
-    if not batchable(ys, kind):
-        return [output_stats(y, kind, sq=sq) for y in ys]
-    scal, vec = batched_output_blocks(ys, kind, sq=sq)
-    k = len(ys)
-    if kind == "relu":
-        maxima = vec.view(k, -1).unbind()
-        return list(zip(maxima, scal.unbind())) if sq else [(m,) for m in maxima]
-    return [tuple(row) for row in scal.view(k, -1)]
-
-
 def batchable(ys: list[torch.Tensor], kind: str) -> bool:
     """Whether :func:`batched_output_blocks` applies: two outputs or more, a ReLU's of two dims
     or more (one unit per output below that)."""
@@ -250,7 +233,8 @@ def batched_output_blocks(ys: list[torch.Tensor], kind: str, *,
     runs in the outputs' order, ``(scalars, maxima)``: for 'plain' each output's sum and [sum of
     squares] one after the other, and None; for 'relu' each output's sum of squares (None
     without ``sq``), and each output's per-unit maxima one after the other. The host reads them
-    where it would read the outputs' tuples, with no tensor made per output."""
+    where it would read the outputs' tuples, with no tensor made per output. The values are
+    those of :func:`output_stats` (sums and maxima exact, sums of squares to rounding)."""
     if kind not in ("plain", "relu"):
         raise ValueError(f"batched output statistics cover the kinds 'plain' and 'relu', not {kind!r}")
     k = len(ys)

@@ -82,17 +82,10 @@ class _Pending:
         self.lay = lay
         scalars: list[torch.Tensor] = []
         vectors: list[torch.Tensor] = []
-        if records and self.blocks:
+        blocks = bool(records) and self.blocks
+        if blocks:  # 0-d values and 1-d runs of them (Block records)
             scalars, vectors = _block_parts(records, self.tables)
-            scalars.extend(t if t.dim() == 0 else t.reshape(()) for t in self.tensors)
-            if self.scale is not None:
-                scalars.append(self.scale.reshape(()))
-            self.n_scalars = lay.size
-            self.n_vectors = lay.relu_len + (sum(v.numel() for _, v in self.pgrad) if self.pgrad else 0)
-            self.scalars = _stacked(_runs(scalars), torch.cat)
-            self.vectors = _stacked(vectors, torch.cat) + [v for _, v in self.pgrad]
-            return
-        if records:
+        elif records:
             vals = list(chain.from_iterable(r[2] for r in records))
             if lay.pick_scalars is not None:  # ReLU maxima (1-d) go with the vectors
                 vectors = lay.pick_vectors(vals)
@@ -102,11 +95,13 @@ class _Pending:
             scalars.append(t if t.dim() == 0 else t.reshape(()))
         if self.scale is not None:
             scalars.append(self.scale.reshape(()))
-        self.n_scalars = len(scalars)
+        # the scalar values: the layout's count where runs stand for several
+        self.n_scalars = lay.size if blocks else len(scalars)
         self.n_vectors = (lay.relu_len if lay is not None else 0) + (
             sum(v.numel() for _, v in self.pgrad) if self.pgrad else 0)
         if records:
-            scalars, vectors = _stacked(scalars, torch.stack), _stacked(vectors, torch.cat)
+            scalars = _stacked(_runs(scalars), torch.cat) if blocks else _stacked(scalars, torch.stack)
+            vectors = _stacked(vectors, torch.cat)
         self.scalars = scalars
         self.vectors = vectors + [v for _, v in self.pgrad]
 

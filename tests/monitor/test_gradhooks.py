@@ -289,3 +289,15 @@ def test_activation_checkpointing_reads_every_layer_s_gradients_from_the_first_s
     auto, got = run_()
     assert auto._hooks.output_grads is not reentrant
     _same_gradients(got, want, 3)
+
+
+def test_a_data_parallel_wrapper_reads_gradients_from_parameter_hooks(caplog):
+    """A replica's gradient flows back through the wrapper's reduction: each rank's own gradient
+    is read at its parameter's hook (here DataParallel without GPUs, which runs the module)."""
+    model = stack(2)
+    wrapped = nn.DataParallel(model)
+    with caplog.at_level(logging.INFO, logger="neuraldbg"):
+        dbg, seen = monitored(wrapped)
+        classify(model, dbg, 3, call=wrapped)
+    assert not dbg._hooks.output_grads and "data-parallel training" in caplog.text
+    assert all(st.has_pgrad.sum() == 3 for st in seen if st.names)

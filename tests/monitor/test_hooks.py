@@ -299,7 +299,7 @@ def stack_run(n_blocks, steps, every=1, **config):
     orig = dbg._consume
     dbg._transfer._consume = lambda st: (seen.append(st), orig(st))
     with dbg:
-        n_hooks = sum(len(handles) - 1 for _, handles, _ in dbg._hooks.hooked.values())  # less the output hook
+        n_hooks = sum(len(handles) - 1 for _, handles in dbg._hooks.hooked.values())  # less the output hook
         for _ in range(steps):
             x = torch.randn(16, 8, generator=gen)
             opt.zero_grad()
