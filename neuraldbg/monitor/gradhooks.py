@@ -27,8 +27,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from neuraldbg.config import DetectorConfig
 from neuraldbg.monitor import stats as S
-from neuraldbg.monitor.records import StepBuffer
+from neuraldbg.monitor.compiled import is_compiling
+from neuraldbg.monitor.records import Spec, StepBuffer
 
 #: tensors of one output given a gradient hook at most (a model returning every hidden state)
 MAX_OUTPUT_HOOKS = 64
@@ -39,6 +41,24 @@ class GradientHooks:
     (the step buffer, the switch, the tables, ``group_params``, ``output_grads``) and inherits
     these. ``output_grads``: whether the model output's gradient notices the passes (else
     parameter hooks do; see the module's docstring)."""
+
+    def _init_gradients(self, root: nn.Module, config: DetectorConfig) -> None:
+        """The gradient state, fixed on entry from ``root``'s trainable parameters and ``config``."""
+        #: whether a module's parameters share one gradient hook (DetectorConfig.group_param_hooks_above)
+        self.group_params = sum(1 for p in root.parameters() if p.requires_grad) > config.group_param_hooks_above
+        #: whether the model output's gradient notices the backward passes (else parameter
+        #: hooks do: DetectorConfig.param_grad_hooks, or a setup the output cannot see)
+        self.output_grads = not config.param_grad_hooks and _OUTPUT_ROUTE
+        self._route_misfit = ""  # why the output's gradient cannot notice every pass
+        #: layer name -> its trainable parameters' (param index, param), in the order hooked
+        self.watched: dict[str, list[tuple[int, nn.Parameter]]] = {}
+        self._nodes: list[tuple] | None = None  # their accumulation nodes (_accumulation_nodes)
+        self._armed = self._fired = 0  # outputs hooked, output gradients seen, since the last optimizer step
+        self._in_root = False  # inside the root's forward on a checked step
+        #: id of a hooked parameter -> its module's parameters, where they share its hook
+        self._mates: dict[int, tuple[Any, ...]] = {}
+        self._pending: tuple | None = None  # the running backward pass's gradients (_open_pass)
+        self._plans: dict[tuple, tuple] = {}  # parameter indices -> how their norms are batched
 
     def _hook_params(self, owner: dict[int, tuple[str, int, nn.Parameter]]) -> None:
         """Watch the parameters in ``owner`` (id -> (layer name, layer index, parameter)): through
@@ -118,6 +138,32 @@ class GradientHooks:
         return self._mates.get(id(param), (param,))
 
     # ---- the output's gradient ---------------------------------------------------------
+    def _root_forward_ended(self, output: Any) -> None:
+        """A checked, graph-building forward of the root returned ``output`` (its hook)."""
+        traced = is_compiling()
+        if not traced:  # read by the output hooks only outside torch.compile
+            self._in_root = False
+        try:
+            self.arm_output(output, traced)
+        except Exception as e:  # noqa: BLE001 - the monitor must not raise into training
+            self._fail(("output gradient", type(e).__name__), f"the output's gradient hook failed: {e!r}")
+
+    def _ran_outside_root(self, module: Any) -> None:
+        """A monitored ``module`` ran, outside the root's forward and outside torch.compile."""
+        if module is not self.root and _graph_task_id() == -1:
+            # a sub-network called outside the root's forward (a GAN's players, a Lightning
+            # module's self.model): the root's output does not see its backward passes (a
+            # forward run again inside a backward is activation checkpointing's recomputation)
+            self.use_param_hooks("a layer ran outside the model's forward (a loop that calls its sub-networks)")
+
+    def _ran_without_grad(self, spec: Spec) -> None:
+        """The module of ``spec`` ran in training mode under no_grad on a checked step."""
+        if spec.name in self.watched and not is_compiling():
+            # reentrant activation checkpointing runs it again inside a backward of its own,
+            # which the output's pass does not see
+            self.use_param_hooks("a layer with trainable parameters ran under no_grad in training "
+                                 "mode (reentrant activation checkpointing)")
+
     def arm_output(self, output: Any, traced: bool) -> None:
         """A checked forward of the root returned ``output``: hook the gradient of its tensors
         that require one (the first that fires opens the pass). An output without such a tensor
@@ -283,6 +329,19 @@ class GradientHooks:
 
 
 # ---- helpers --------------------------------------------------------------------------
+
+#: whether this torch can tell which accumulation nodes a backward pass runs (the output route)
+_OUTPUT_ROUTE = hasattr(torch._C, "_will_engine_execute_node") and hasattr(torch.autograd.graph, "get_gradient_edge")
+
+
+def _graph_task_id() -> int:
+    """The running backward pass's id, -1 outside one."""
+    try:
+        return torch._C._current_graph_task_id()
+    except Exception:  # noqa: BLE001 - an old torch without it: read as outside a backward
+        return -1
+
+
 
 def _will_run(node: Any) -> bool:
     """Whether the running backward pass will run ``node`` (an accumulation node)."""

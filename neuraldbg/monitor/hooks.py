@@ -19,7 +19,6 @@ not read as vanished), and the loss of an empty batch is no observation.
 from __future__ import annotations
 
 import logging
-import sys
 import weakref
 from functools import partial
 from typing import Any, Callable
@@ -29,13 +28,12 @@ from torch import nn
 
 from neuraldbg.config import DetectorConfig
 from neuraldbg.monitor import stats as S
+from neuraldbg.monitor.compiled import guard_compiled_hooks, is_compiling
 from neuraldbg.monitor.gradhooks import GradientHooks
 from neuraldbg.monitor.held import HeldOutputs
 from neuraldbg.monitor.records import (INPUT, INPUT_SLOT, OUT, Block, Spec, StepBuffer, Tables, describe, first_tensor,
                                        monitored_modules, tensors_of)
 from neuraldbg.monitor.switch import ALWAYS, EVERY_GROUP, HookSwitch
-
-log = logging.getLogger("neuraldbg")
 
 
 def _input_records(slot: int, tensors) -> list[tuple]:
@@ -86,20 +84,7 @@ class ModuleHooks(GradientHooks):
         #: rotating shares of the output hooks (1: every module on every checked step), fixed
         #: on entry from the module count (DetectorConfig.rotate_modules_above)
         self.shares = rotation_shares(len(self.modules), config.rotate_modules_above)
-        #: whether a module's parameters share one gradient hook (DetectorConfig.group_param_hooks_above),
-        #: fixed on entry from the trainable parameter count
-        self.group_params = sum(1 for p in root.parameters() if p.requires_grad) > config.group_param_hooks_above
-        #: whether the model output's gradient notices the backward passes (else parameter
-        #: hooks do: DetectorConfig.param_grad_hooks, or a setup the output cannot see; gradhooks.py)
-        self.output_grads = not config.param_grad_hooks and _OUTPUT_ROUTE
-        self._route_misfit = ""  # why the output's gradient cannot notice every pass
-        #: layer name -> its trainable parameters' (param index, param), in the order hooked
-        self.watched: dict[str, list[tuple[int, nn.Parameter]]] = {}
-        self._nodes: list[tuple] | None = None  # their accumulation nodes (gradhooks._accumulation_nodes)
-        self._armed = self._fired = 0  # outputs hooked, output gradients seen, since the last optimizer step
-        self._in_root = False  # inside the root's forward on a checked step
-        #: id of a hooked parameter -> its module's parameters, where they share its hook
-        self._mates: dict[int, tuple[Any, ...]] = {}
+        self._init_gradients(root, config)
         self._n_out_hooks = 0  # output hooks registered so far (the next one's share)
         self.kinds = {name: S.activation_kind(m) for name, m in self.modules}
         self.disabled: set[str] = set()
@@ -110,8 +95,6 @@ class ModuleHooks(GradientHooks):
         self.order: list[str] = []
         self.order_pos: dict[str, int] = {}
         self.batch_empty = False  # the latest training forward's input had no elements
-        self._pending: tuple | None = None  # the running backward pass's gradients (_open_pass)
-        self._plans: dict[tuple, tuple] = {}  # parameter indices -> how their norms are batched
         self.buf = StepBuffer(0, True, self.tables)
         #: small outputs held to the end of the forward and measured together
         self.held = HeldOutputs(report, self._fail, self._disable)
@@ -128,7 +111,7 @@ class ModuleHooks(GradientHooks):
         ``torch.distributed`` is initialized: gradients are read from parameter hooks, where a
         rank's own gradient is final before any reduction.
         """
-        _guard_compiled_hooks()
+        guard_compiled_hooks()
         if parallel:
             self.use_param_hooks("data-parallel training (a rank's own gradient is final before any reduction)")
         self.handles.append(self.root.register_forward_pre_hook(self._on_input, with_kwargs=True))
@@ -354,11 +337,8 @@ class ModuleHooks(GradientHooks):
                 # a training-mode forward under no_grad: the module ran, cut from the loss (a
                 # host-side note, no kernel; the loop checks read it)
                 buf.ran_without_grad.add(spec.layer)
-                if self.output_grads and spec.name in self.watched and not _is_compiling():
-                    # reentrant activation checkpointing runs it again inside a backward of its
-                    # own, which the output's pass does not see
-                    self.use_param_hooks("a layer with trainable parameters ran under no_grad in "
-                                         "training mode (reentrant activation checkpointing)")
+                if self.output_grads:
+                    self._ran_without_grad(spec)
             return None
         if spec.name in self.disabled:
             return None
@@ -379,14 +359,9 @@ class ModuleHooks(GradientHooks):
                 return None
             # under torch.compile every Python dict this hook reads is guarded: one that grows
             # (new unit counts, the forward order) would recompile, so those wait for the host
-            traced = _is_compiling()
-            if not traced and self.output_grads and not self._in_root and module is not self.root \
-                    and _graph_task_id() == -1:
-                # a sub-network called outside the root's forward (a GAN's players, a Lightning
-                # module's self.model): the root's output does not see its backward passes (a
-                # forward run again inside a backward is activation checkpointing's recomputation)
-                self.use_param_hooks("a layer ran outside the model's forward (a loop that calls "
-                                     "its sub-networks)")
+            traced = is_compiling()
+            if not traced and self.output_grads and not self._in_root:
+                self._ran_outside_root(module)
             held = not traced and self.held.hold(spec, y, n, buf)  # True: measured at the flush
             if not held:
                 # output_stats reads y.detach(): no graph, no grad-mode switch needed
@@ -420,66 +395,14 @@ class ModuleHooks(GradientHooks):
     def _on_root_output(self, module, inputs, output):
         self.flush()
         if self.output_grads and self.buf.active and torch.is_grad_enabled():
-            traced = _is_compiling()
-            if not traced:  # read by the output hooks only outside torch.compile
-                self._in_root = False
-            try:
-                self.arm_output(output, traced)
-            except Exception as e:  # noqa: BLE001 - the monitor must not raise into training
-                self._fail(("output gradient", type(e).__name__), f"the output's gradient hook failed: {e!r}")
+            self._root_forward_ended(output)
         return None
 
 
 # ---- helpers --------------------------------------------------------------------------
-
-def _guard_compiled_hooks() -> None:
-    """Make torch.compile guard on module hooks.
-
-    By default dynamo does not guard on hooks, so a graph traced before our hooks existed (an
-    earlier instance of the same class, say) is reused for the monitored module and every
-    hook is silently skipped. The first monitor in a process that already loaded dynamo turns
-    the hook guards on and drops the compiled graphs once (they recompile on next call, now
-    guarded); later monitors find the guards on and do nothing. Without dynamo loaded there is
-    nothing stale, and importing it would cost a second.
-    """
-    if "torch._dynamo" not in sys.modules:
-        return
-    try:
-        dynamo = sys.modules["torch._dynamo"]
-        if getattr(dynamo.config, "skip_nnmodule_hook_guards", False):
-            dynamo.config.skip_nnmodule_hook_guards = False
-            dynamo.reset()
-            log.info("neuraldbg: turned on torch.compile hook guards and cleared compiled graphs once, "
-                     "so graphs traced without the monitor's hooks are not reused")
-    except Exception:  # noqa: BLE001 - a torch without this switch has no such cache issue
-        pass
-
 
 def rotation_shares(n_modules: int, above: int) -> int:
     """How many rotating shares the output hooks of ``n_modules`` monitored modules are split
     into: 1 (every module on every checked step) up to ``above`` modules, else the fewest
     shares of at most ``above`` modules each."""
     return 1 if n_modules <= above else -(-n_modules // above)
-
-
-def _compiling() -> bool:
-    try:
-        return bool(torch.compiler.is_compiling())
-    except Exception:  # noqa: BLE001 - old torch
-        return False
-
-
-#: whether this torch can tell which accumulation nodes a backward pass runs (the output route)
-_OUTPUT_ROUTE = hasattr(torch._C, "_will_engine_execute_node") and hasattr(torch.autograd.graph, "get_gradient_edge")
-
-
-def _graph_task_id() -> int:
-    """The running backward pass's id, -1 outside one."""
-    try:
-        return torch._C._current_graph_task_id()
-    except Exception:  # noqa: BLE001 - an old torch without it: read as outside a backward
-        return -1
-
-
-#: torch.compiler.is_compiling, looked up once (it runs once per module per checked step)
-_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or _compiling
