@@ -211,7 +211,6 @@ def cockpit_for(model: nn.Module, loss_fn: Callable, every: int) -> tuple[nn.Mod
     return model, ck, extend(nn.CrossEntropyLoss())
 
 
-
 class Arm:
     """One training run (bare, monitored or a reference) that can be advanced block by block."""
 
