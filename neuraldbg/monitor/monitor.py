@@ -7,52 +7,44 @@ to the host every ``sync_every`` checked steps), the detectors, which turn the h
 into events, and its *parts* (``neuraldbg/lifecycle.py``): the measurements behind the root
 causes' signatures and the optional add-ons, each told the monitor's lifecycle through a
 :class:`~neuraldbg.monitor.context.PartContext`. The results (events, trace, export) and the
-causal queries are read from here.
+causal queries are read from here: their code is the two halves it inherits,
+:class:`~neuraldbg.monitor.feed.EventFeed` (each transferred step fed to the detectors) and
+:class:`~neuraldbg.monitor.results.MonitorResults` (what is read back).
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any, Iterable
 
 import torch
 from torch import nn
 
-from neuraldbg.causal.nodes.run import EVERY, GRAD_STEPS, LR, OPTIMIZER, STATS_STEPS
 from neuraldbg.causal.priors import as_priors
 from neuraldbg.config import DetectorConfig
-from neuraldbg.distributed import DEFAULT_MERGE_TIMEOUT, LiveMerge, concat_traces
-from neuraldbg.events.base import Event
-from neuraldbg.events.compress import EventLog, Propagation, compress
-from neuraldbg.events.registry import DetectorContext, build_detectors
-from neuraldbg.events.stepstats import StepStats
+from neuraldbg.distributed import DEFAULT_MERGE_TIMEOUT, LiveMerge
 from neuraldbg.monitor.context import PartContext, Parts
 from neuraldbg.monitor.family import detect_family
-from neuraldbg.monitor.history import LossHistory
+from neuraldbg.monitor.feed import EventFeed
 from neuraldbg.monitor.hooks import ModuleHooks
 from neuraldbg.monitor.lossinput import is_cross_entropy, loss_value
 from neuraldbg.monitor.measurements import parts_for
-from neuraldbg.monitor.measurements.reference import ReferenceLoss, check_reference
+from neuraldbg.monitor.measurements.reference import check_reference
 from neuraldbg.monitor.measurements.weights import weight_census
 from neuraldbg.monitor.optimizers import OptimizerWatch
 from neuraldbg.monitor.records import DATA_PARALLEL, dist_rank, unwrap, wrappers
+from neuraldbg.monitor.results import MonitorResults
 from neuraldbg.monitor.roles import LayerRoles
-from neuraldbg.monitor.stats import measurable
 from neuraldbg.monitor.settings import (DEFAULT_REFERENCE_EVERY, Settings, check_at_init, check_config,
                                         check_detectors, check_every, check_merge_timeout, check_resume,
                                         check_scaler, check_sync_every)
 from neuraldbg.monitor.transfer import HostTransfer
-from neuraldbg.queries import CausalQueries
-from neuraldbg.trace import LayerInfo, Signatures, Trace
+from neuraldbg.trace import Trace
 from neuraldbg.vocab import validate_family
 
 log = logging.getLogger("neuraldbg")
 
-#: checked steps between two walks of the model for added or swapped modules
-MODULE_CHECK_EVERY = 16
 
-
-class NeuralDbg(CausalQueries):
+class NeuralDbg(MonitorResults, EventFeed):
     """Watch a training loop and explain what went wrong.
 
     Args:
@@ -132,20 +124,12 @@ class NeuralDbg(CausalQueries):
         self._order_pos = self._hooks.order_pos  # forward order, kept by the hooks
         self._reported: set[tuple] = set()
         self._internal_errors = 0
-        self._consumed = 0
-        self._grad_steps = 0
         self._step = 0
+        self._init_feed()
         self._user_steps = False
-        self._detectors = None
-        self._loss_readers: list = []
-        self._log = EventLog(gap=self.config.collapse_gap_checks * self.every, layer_index=self._layer_index)
-        self._loss = LossHistory()
-        self._first_step: int | None = None
-        self._last_step = 0
         self._entered = self._exited = False
         self._census: list = []  # the weight matrices and their norms on entry
         self._roles: LayerRoles | None = None  # attention q/k and normalization layers
-        self._lr_at: dict[int, float] = {}  # monitor step -> learning rate, until consumed
         self._first_loss_seen = False
         self._loss_is_ce: bool | None = None  # whether the first recorded loss is a cross-entropy
         self._closed_active = False  # whether the step closed last was a checked one
@@ -253,23 +237,6 @@ class NeuralDbg(CausalQueries):
         ``dbg.step``, ``record_loss`` has already closed that step (and opened the next)."""
         return bool(self._hooks.handles) and (self._hooks.buf.active if self._user_steps else self._closed_active)
 
-    # ---- signatures (docs/causal_model.md) ----------------------------------------------
-    def signatures(self) -> Signatures:
-        """Every signature measured so far (one host transfer): the monitor's own (``every``,
-        the optimizer and its learning rates) and each measurement's, checked against its
-        declaration; a measurement that reports an undeclared or invalid one is reported as
-        an internal error and its values are left out."""
-        values: dict[str, Any] = {EVERY.name: self.every,
-                                  OPTIMIZER.name: type(self.optimizer).__name__ if self.optimizer else None,
-                                  STATS_STEPS.name: self._consumed, GRAD_STEPS.name: self._grad_steps}
-        if self.optimizer is not None:
-            try:
-                values[LR.name] = tuple(float(g.get("lr", float("nan"))) for g in self.optimizer.param_groups)
-            except Exception:  # noqa: BLE001 - a custom optimizer without param_groups
-                pass
-        steps, gaps = self._parts.summaries(values)
-        return Signatures(values, steps, gaps)
-
     # ---- step bookkeeping --------------------------------------------------------------
     @property
     def step(self) -> int:
@@ -349,63 +316,6 @@ class NeuralDbg(CausalQueries):
         self._transfer.push(buf)  # O(1): the hooks keep the forward order as they fire
         self._parts.call_step("step_closed", buf.step, buf.active)
 
-    # ---- detectors ---------------------------------------------------------------------
-    def _consume(self, st: StepStats) -> None:
-        self._consumed += bool(st.names)  # checked steps only: a loss-only step saw no module
-        self._grad_steps += bool(st.names) and bool(st.has_pgrad.any())
-        if st.names and self._consumed % MODULE_CHECK_EVERY == 1:
-            # a walk of named_modules on the host, so only every few checks: catches layers
-            # added or swapped mid-run within MODULE_CHECK_EVERY checked steps
-            self._safe(self._check_modules, "module check")
-        if self._first_step is None:
-            self._first_step = st.step
-        self._last_step = max(self._last_step, st.step)
-        if st.loss is not None:
-            self._loss.add(st.step, st.loss)
-        if self._lr_at:
-            # without dbg.step, record_loss has already advanced the step when the optimizer
-            # of this one runs: its rate is then filed under the next step
-            st.lr = self._lr_at.get(st.step, self._lr_at.get(st.step + 1))
-            for s in [s for s in self._lr_at if s < st.step]:
-                del self._lr_at[s]
-        if self._detectors is None:
-            self._build_detectors()
-        # a step that recorded only its loss (nine in ten at every=10) goes to the detectors that read those
-        loss_only = not st.names and not st.has_backward and st.inputs is None
-        for det in self._loss_readers if loss_only else self._detectors:
-            try:
-                for ev in det.update(st):
-                    self._add_event(ev)
-            except Exception as e:  # noqa: BLE001
-                self._failed((det.name, type(e).__name__), f"detector {det.name} failed: {e!r}")
-        if st.names:
-            self._parts.call("checked_step", st)
-
-    def _add_event(self, ev: Event) -> None:
-        self._log.add(ev if self.rank is None else dataclasses.replace(ev, rank=self.rank))
-
-    def _check_modules(self) -> None:
-        """Follow modules added or swapped in mid-run; detectors forget the replaced layers,
-        whose baselines described the old weights."""
-        replaced = self._hooks.check_modules()
-        if replaced is None:
-            return
-        self._optimizers.refresh()  # an optimizer made for the new modules holds only their parameters
-        for det in self._detectors or ():
-            for name in replaced:
-                det.forget_layer(name)
-        if self._detectors is not None:
-            ctx = self._context()  # new layer names join the forward order detectors read
-            for det in self._detectors:
-                det.context = ctx
-
-    def _layer_index(self, name: str | None) -> int | None:
-        return None if name is None else self._order_pos.get(name)
-
-    def _context(self) -> DetectorContext:
-        order = tuple(self._hooks.order)
-        return DetectorContext(family=self.family, layer_order=order, input_layer=order[0] if order else None)
-
     def _safe(self, fn, what: str) -> None:
         try:
             fn()
@@ -434,115 +344,6 @@ class NeuralDbg(CausalQueries):
         self._parts.call("flush")
         if self._detectors is None and self._hooks.order:
             self._build_detectors()
-
-    def _build_detectors(self) -> None:
-        self._detectors = build_detectors(self.settings.detectors, self.config, self._context())
-        self._loss_readers = [d for d in self._detectors if d.reads_loss_only]
-
-    # ---- results -----------------------------------------------------------------------
-    @property
-    def internal_errors(self) -> int:
-        """Failures inside the monitor so far (each logged once, none raised into training)."""
-        return self._internal_errors
-
-    @property
-    def events(self) -> list[Event]:
-        """The collapsed events, in step order."""
-        self._flush()
-        return self._log.events
-
-    @property
-    def synced_step(self) -> int | None:
-        """The last step whose statistics have reached the host (``None`` before the first
-        transfer). Reading it forces nothing: a framework callback polls it to act once per
-        statistics sync, then reads ``trace(flush=False)`` (``docs/api.md``)."""
-        return None if self._first_step is None else self._last_step
-
-    def events_frame(self):
-        """The events as a ``pandas.DataFrame`` (one row per collapsed event)."""
-        from neuraldbg.session import events_frame
-
-        return events_frame(self.events)
-
-    def propagation(self) -> list[Propagation]:
-        """First occurrence and layer-by-layer propagation of each event kind."""
-        tr = self.trace()
-        return compress(tr.events, tr.layer_index)
-
-    def layers(self) -> tuple[LayerInfo, ...]:
-        """Monitored modules in forward order (modules never called come last)."""
-        modules = self._hooks.modules
-        names = list(self._hooks.order) + [n for n, _ in modules if n not in self._order_pos]
-        mods = dict(modules)
-        role = self._roles.role if self._roles is not None else (lambda n: "")
-        return tuple(LayerInfo(name=n, type=type(mods[n]).__name__, index=i,
-                               n_params=sum(p.numel() for p in mods[n].parameters(recurse=False) if measurable(p)),
-                               role=role(n))
-                     for i, n in enumerate(names))
-
-    def trace(self, flush: bool = True) -> Trace:
-        """Events plus context, the causal engine's input. ``flush=False`` reads only what has
-        reached the host (up to :attr:`synced_step`), without closing the current step or
-        forcing a transfer: safe to call from inside a training step."""
-        events = tuple(self.events if flush else self._log.events)
-        try:
-            sigs = self.signatures()
-        except Exception as e:  # noqa: BLE001 - the diagnosis then runs without signatures
-            self._internal_errors += 1
-            self._report(("internal", "signatures", type(e).__name__), f"internal error in signatures: {e!r}")
-            sigs = Signatures()
-        first, last = self._first_step or 0, self._last_step
-        earlier = self.settings.resume
-        if earlier is not None and self._first_step is None:
-            # nothing of this part has reached the host yet: it is where the earlier part ended
-            first = last = earlier.last_step
-        own = Trace(events=events, layers=self.layers(), family=self.family, first_step=first, last_step=last,
-                    loss=self._loss.summary(), rank=self.rank, world_size=self.world_size, signatures=sigs,
-                    internal_errors=self._internal_errors)
-        if earlier is None:
-            return own
-        try:
-            return concat_traces(earlier, own)
-        except Exception as e:  # noqa: BLE001 - a state that does not fit: this part alone, logged once
-            self._fail("resume", e)
-            return own
-
-    def session_dict(self) -> dict:
-        """The session document of :meth:`trace` (``trace_to_dict``: JSON-safe, no tensors) without
-        the embedded priors: what the framework callbacks keep in a checkpoint and pass back as
-        ``resume=`` (the resumed monitor diagnoses with its own priors)."""
-        from neuraldbg.session import trace_to_dict
-
-        doc = trace_to_dict(self.trace(), config=self.config.to_dict(), priors=self.priors)
-        doc["priors"] = None
-        return doc
-
-    @property
-    def merged_trace(self) -> Trace | None:
-        """The whole job's trace, on rank 0 of a distributed job once the monitor has exited (the
-        ranks' traces merged live, ``docs/distributed.md``); ``None`` elsewhere. The queries
-        (posterior, hypotheses, coverage) answer from it when it is there; :meth:`trace` and
-        the export stay this rank's."""
-        return self._merged
-
-    def _diagnosed(self) -> Trace:
-        return self._merged if self._merged is not None else self.trace()
-
-    def reference_points(self) -> list[tuple[int, float]]:
-        """``(step, reference loss)`` recorded so far (``reference=``; empty without one)."""
-        ref = self.addon(ReferenceLoss)
-        return ref.points() if ref is not None else []
-
-    def export_aquarium_package(self, path) -> str:
-        """Write the session as one versioned JSON document (atomically); returns the path."""
-        from neuraldbg.session import export_trace
-
-        return export_trace(self.trace(), path, config=self.config.to_dict(), priors=self.priors)
-
-    def verify(self, replay, steps: int = 20, top: int = 3):
-        """Replay each top hypothesis' window with its fix; a ``Verification`` (docs/verification.md)."""
-        from neuraldbg.verify.api import verify
-        return verify(self, replay, steps=steps, top=top)
 
     @property
     def active(self) -> bool:

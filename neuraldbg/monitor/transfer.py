@@ -4,29 +4,26 @@ A closed checked step keeps the 0-d statistics its hooks recorded and one 1-d ve
 gradient norms per backward pass; an unchecked step keeps only its losses and costs no
 device work at all. Every ``sync_every`` checked steps the whole queue is stacked into one
 flat tensor and moved to the host in one copy (the only device sync of the monitor), where
-:func:`_to_stepstats` reads each step back into per-layer numpy columns with a layout
+:func:`~neuraldbg.monitor.layout.to_stepstats` reads each step back into per-layer numpy columns with a layout
 compiled once per distinct step structure (cached: a training loop repeats one structure).
 """
 from __future__ import annotations
 
 from itertools import chain
-from operator import itemgetter
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 
 from neuraldbg.events.stepstats import StepStats
-from neuraldbg.monitor import stats as S
-from neuraldbg.monitor.records import EMPTY, INPUT, OUT, Block
+from neuraldbg.monitor.layout import MAX_LAYOUTS, Layout, read_loss, to_stepstats
+from neuraldbg.monitor.records import OUT, Block
 
 if TYPE_CHECKING:  # pragma: no cover
     from neuraldbg.monitor.records import StepBuffer, Tables
 
 #: unchecked steps queued before a transfer even without a checked step (bounds memory)
 MAX_PENDING = 1024
-#: distinct step layouts kept compiled (a loop repeats a few; dynamic models may not)
-MAX_LAYOUTS = 64
 
 
 _NO_COUNTS = np.zeros(1)  # a step without records: only the "absent" count (read-only, shared)
@@ -67,13 +64,13 @@ class _Pending:
         self.has_bwd = bool(buf.pgrad)
         self.tables = buf.tables
         self.ran_without_grad = buf.ran_without_grad
-        self.lay: _Layout | None = None
+        self.lay: Layout | None = None
         self.scalars: list[torch.Tensor] = []
         self.vectors: list[torch.Tensor] = []
         self.n_scalars = self.n_vectors = 0
 
-    def pack(self, lay: "_Layout | None", records: list[tuple]) -> None:
-        """This step's values in flat order (see :class:`_Layout`): the scalars (record values,
+    def pack(self, lay: "Layout | None", records: list[tuple]) -> None:
+        """This step's values in flat order (see :class:`Layout`): the scalars (record values,
         losses, scale), then the per-unit ReLU maxima and the gradient norms. A checked step's
         record values are stacked now, one kernel each for the scalars and the maxima: the
         queue then holds a few tensors per step, not one Python object per statistic, which
@@ -108,7 +105,7 @@ class _Pending:
 
 def _block_parts(records: list, tables: "Tables") -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The record values of a step with :class:`Block` records, in flat order (see
-    :class:`_Layout`): ``(scalars, maxima)``, the scalars 0-d tensors or 1-d runs of them."""
+    :class:`Layout`): ``(scalars, maxima)``, the scalars 0-d tensors or 1-d runs of them."""
     scal: list[torch.Tensor] = []
     vec: list[torch.Tensor] = []
     slots = tables.slots
@@ -178,8 +175,8 @@ class HostTransfer:
         self.pending: list[_Pending | tuple] = []  # a closed step, or an unchecked step's (step, loss)
         self._checked = 0
         self._consume = consume
-        self._layouts: dict[tuple, _Layout] = {}
-        self._batches: dict[tuple, tuple] = {}  # parameter batches seen (transfer._read_pgrad)
+        self._layouts: dict[tuple, Layout] = {}
+        self._batches: dict[tuple, tuple] = {}  # parameter batches seen (layout._read_pgrad)
 
     def push(self, buf: "StepBuffer") -> None:
         """Queue a closed step (no device work); transfer the queue once it holds
@@ -226,9 +223,9 @@ class HostTransfer:
                 continue
             lay = p.lay
             where = (p, lay, z0, z_at + v0, self._batches)
-            self._consume(_to_stepstats(p.step, where, host, _loss(p, host, z0, lay), p.has_bwd))
+            self._consume(to_stepstats(p.step, where, host, read_loss(p, host, z0, lay), p.has_bwd))
 
-    def _layout(self, p: _Pending) -> "_Layout | None":
+    def _layout(self, p: _Pending) -> "Layout | None":
         if not (p.slots or p.pgrad or p.scale is not None):
             return None  # only losses: read directly
         key = (p.tables.version, p.slots, len(p.tensors), p.scale is not None)
@@ -236,7 +233,7 @@ class HostTransfer:
         if lay is None:
             if len(self._layouts) >= MAX_LAYOUTS:
                 self._layouts.clear()
-            lay = self._layouts[key] = _Layout(p.tables, key[1], key[2], key[3])
+            lay = self._layouts[key] = Layout(p.tables, key[1], key[2], key[3])
         return lay
 
 
@@ -252,248 +249,3 @@ def _to_host(scalars: list[torch.Tensor], vectors: list[torch.Tensor]) -> np.nda
     except RuntimeError:  # statistics on several devices (model parallel): one copy each
         vals = [t.detach().reshape(-1).cpu().double().numpy() for t in scalars + vectors]
         return np.concatenate(vals) if vals else np.zeros(0)
-
-
-class _Layout:
-    """Where each statistic of one step structure sits in the flat vector, as numpy indices.
-
-    Scalars come first (``size`` of them: records, losses, scale), then the per-unit maxima of
-    ReLU-like outputs (``relu_len``), from which the host derives each ReLU's sum of maxima
-    and active count (placed after the scalars, so one index reads any statistic; the index
-    after them stands for "absent", read as NaN). Each layer's output statistics are then
-    gathered with one index array (``gather``: sum, sum of squares, dead and saturated
-    fraction); a module called several times in a step (shared) is summed with ``bincount``.
-    """
-
-    def __init__(self, tables: "Tables", slots: tuple[int, ...], n_loss: int, has_scale: bool) -> None:
-        self.names = tuple(tables.names)
-        L = self.L = len(self.names)
-        self.param_layer = np.asarray(tables.param_layer, dtype=np.intp)
-        self.param_numel = np.asarray(tables.param_numel, dtype=np.float64)
-        cols: dict[str, list] = {k: [] for k in ("out_k", "out_layer", "out_pos", "sq_pos", "frac_pos",
-                                                 "frac_dead", "frac_units", "in_k", "in_pos", "in_layer",
-                                                 "empty_layer")}
-        vec_records, vec_units, vec_val = [], [], []   # per-unit maxima: which records, how long
-        pos = val = 0   # position among the scalars, index among the flattened record values
-        for k, slot in enumerate(slots):
-            group, layer, kind, sq, units = tables.slots[slot]
-            if group == OUT:  # sum, [sum of squares], [active or saturated fraction]
-                cols["out_k"].append(k)
-                cols["out_layer"].append(layer)
-                vector = kind == "relu" and units > 0
-                if vector:  # sum and active count derived on the host, positions set below
-                    vec_records.append(len(cols["out_pos"]))
-                    vec_units.append(units)
-                    vec_val.append(val)
-                    cols["out_pos"].append(-1)
-                    cols["sq_pos"].append(pos if sq else -1)
-                    pos += sq
-                    cols["frac_pos"].append(-1)
-                    val += 1 + sq
-                else:
-                    cols["out_pos"].append(pos)
-                    cols["sq_pos"].append(pos + 1 if sq else -1)
-                    pos += 2 if sq else 1
-                    has_frac = kind in S.FRACTION_KINDS
-                    cols["frac_pos"].append(pos if has_frac else -1)
-                    pos += has_frac
-                    val += (2 if sq else 1) + has_frac
-                cols["frac_dead"].append(kind == "relu")
-                cols["frac_units"].append(max(units, 1))
-            elif group == INPUT:
-                cols["in_k"].append(k)
-                cols["in_pos"].append(pos)
-                cols["in_layer"].append(layer)  # -1: the root's input; else a sub-network's entry
-                pos += 4
-                val += 4
-            elif group == EMPTY:
-                cols["empty_layer"].append(layer)
-        self.loss_pos = np.arange(pos, pos + n_loss)
-        pos += n_loss
-        self.scale_pos = pos if has_scale else None
-        self.size = pos + (1 if has_scale else 0)
-        for j, r in enumerate(vec_records):  # derived values follow the scalars
-            cols["out_pos"][r] = self.size + 2 * j
-            cols["frac_pos"][r] = self.size + 2 * j + 1
-        self.absent = self.size + 2 * len(vec_records)
-        self.relu_starts = np.cumsum([0] + vec_units[:-1]).astype(np.intp)
-        self.relu_len = int(sum(vec_units))
-        # which flattened record values are 1-d per-unit maxima (to the vector part)
-        vec_set = set(vec_val)
-        self.pick_vectors = _picker(vec_val)
-        self.pick_scalars = _picker([i for i in range(val) if i not in vec_set]) if vec_val else None
-        for name, v in cols.items():
-            setattr(self, name, np.asarray(v, dtype=bool if name == "frac_dead" else np.intp))
-        self.frac_units = self.frac_units.astype(np.float64)  # a ReLU's active count is divided by it
-        self.n_records = len(slots)
-        self.has_out = np.zeros(L, dtype=bool)
-        self.has_out[self.out_layer] = True
-        self.shared = len(self.out_layer) > int(self.has_out.sum())
-        self.gather = np.full((L, 4), self.absent, dtype=np.intp)  # sum, sum of squares, active, saturated
-        self.n_at = np.full(L, self.n_records, dtype=np.intp)     # record of the output's element count
-        if not self.shared:
-            fp = self.frac_pos
-            self.gather[self.out_layer, 0] = self.out_pos
-            self.gather[self.out_layer, 1] = np.where(self.sq_pos >= 0, self.sq_pos, self.absent)
-            self.gather[self.out_layer, 2] = np.where((fp >= 0) & self.frac_dead, fp, self.absent)
-            self.gather[self.out_layer, 3] = np.where((fp >= 0) & ~self.frac_dead, fp, self.absent)
-            self.n_at[self.out_layer] = self.out_k
-        self.units = np.ones(L)
-        self.units[self.out_layer] = self.frac_units
-        # a module that only saw empty inputs this step: its (zero) gradients are no observation
-        self.empty_only = np.zeros(L, dtype=bool)
-        self.empty_only[self.empty_layer] = True
-        self.empty_only &= ~self.has_out
-        self.any_empty = bool(self.empty_only.any())
-        self.has_out.flags.writeable = False  # shared by every step read with this layout
-
-
-def _picker(idx: list[int]) -> Callable[[list], list]:
-    """``values -> [values[i] for i in idx]`` at C speed."""
-    if not idx:
-        return lambda values: []
-    get = itemgetter(*idx)
-    return (lambda values: [get(values)]) if len(idx) == 1 else (lambda values: list(get(values)))
-
-
-_F32_MAX = float(np.finfo(np.float32).max)
-
-
-def _sq32(norms: np.ndarray) -> np.ndarray:
-    """Squares of norms in float32 (the sums of squares the device would hold: beyond its
-    range inf, below it 0, so gradients that underflow read as exactly zero, as they always
-    did). Call under ``np.errstate(all="ignore")``."""
-    return np.square(norms).astype(np.float32).astype(np.float64)
-
-
-def _per_layer(layer: np.ndarray, values: np.ndarray, L: int) -> np.ndarray:
-    return np.bincount(layer, weights=values, minlength=L) if len(layer) else np.zeros(L)
-
-
-def _loss(p: _Pending, host: np.ndarray, z0: int, lay: "_Layout | None") -> float | None:
-    """The step's loss: the mean of its float losses and of the device losses' float32 mean."""
-    loss_vals = list(p.floats)
-    k = len(p.tensors)
-    if k:
-        at = z0 + (lay.loss_pos[0] if lay is not None else 0)
-        v = host[at:at + k].astype(np.float32)  # a loss is read in float32, as it always was
-        loss_vals.append(float(v[0]) if k == 1 else float(v.mean(dtype=np.float32)))
-    if not loss_vals:
-        return None
-    return loss_vals[0] if len(loss_vals) == 1 else sum(loss_vals) / len(loss_vals)
-
-
-def _to_stepstats(step: int, where: tuple, host: np.ndarray, loss: float | None, has_bwd: bool) -> StepStats:
-    """One queued step read from the host array; ``where`` is ``(queued step, layout, offset
-    of its scalars, offset of its vectors, parameter-batch cache)``."""
-    p, lay, z0, vec_at, cache = where
-    if lay is None:
-        st = StepStats(step=step, loss=loss, has_backward=has_bwd)
-    else:
-        with np.errstate(all="ignore"):
-            st = _read(step, p, lay, host, z0, vec_at, cache, loss, has_bwd)
-    if p.ran_without_grad:
-        names = p.tables.names
-        st.ran_without_grad = tuple(names[i] for i in sorted(p.ran_without_grad))
-    return st
-
-
-def _name_entry(inputs: dict, lay: "_Layout", finite: np.ndarray, n: np.ndarray) -> None:
-    """Name in ``inputs["layer"]`` the first layer of the first sub-network whose input (one
-    per input record: finite count, element count) was not finite; the root's input (layer
-    -1) names none. Read only for a step whose input was not finite."""
-    bad = np.flatnonzero((finite < n) & (lay.in_layer >= 0))
-    if len(bad):
-        inputs["layer"] = lay.names[int(lay.in_layer[bad[0]])]
-
-
-def _read(step, p, lay, host, z0, vec_at, cache, loss, has_bwd) -> StepStats:
-    if lay.relu_len:  # each ReLU's sum of maxima and active count, after the scalars
-        v = host[vec_at:vec_at + lay.relu_len]
-        vec_at += lay.relu_len
-        derived = np.empty(2 * len(lay.relu_starts))
-        derived[0::2] = np.add.reduceat(v, lay.relu_starts)
-        derived[1::2] = np.add.reduceat((v != 0).astype(np.float64), lay.relu_starts)
-        h = np.concatenate([host[z0:z0 + lay.size], derived, [np.nan]])
-    else:
-        h = np.append(host[z0:z0 + lay.size], np.nan)  # h[lay.absent]: an absent value
-    ns = p.ns
-    scale = float(h[lay.scale_pos]) if lay.scale_pos is not None else None
-    L = lay.L
-    cols: dict[str, Any] = {}
-    if not lay.shared:
-        g = h[lay.gather]
-        cols["out_sum"], cols["out_sumsq"] = g[:, 0], g[:, 1]
-        cols["dead_frac"], cols["sat_frac"] = 1.0 - g[:, 2] / lay.units, g[:, 3]
-        cols["out_n"] = ns[lay.n_at]
-    else:  # a shared module: sums add up over its calls, fractions are the mean of its calls
-        ol, op, sp = lay.out_layer, lay.out_pos, lay.sq_pos
-        cols["out_sum"] = np.where(lay.has_out, _per_layer(ol, h[op], L), np.nan)
-        cols["out_sumsq"] = np.where(np.bincount(ol[sp >= 0], minlength=L) > 0,
-                                     _per_layer(ol[sp >= 0], h[sp[sp >= 0]], L), np.nan)
-        cols["out_n"] = _per_layer(ol, ns[lay.out_k], L)
-        for col, dead in (("dead_frac", True), ("sat_frac", False)):
-            m = (lay.frac_pos >= 0) & (lay.frac_dead == dead)
-            c = np.bincount(ol[m], minlength=L)
-            v = 1.0 - h[lay.frac_pos[m]] / lay.frac_units[m] if dead else h[lay.frac_pos[m]]
-            cols[col] = np.where(c > 0, _per_layer(ol[m], v, L) / np.maximum(c, 1), np.nan)
-    has_pgrad = _read_pgrad(p, lay, host, vec_at, cache, scale, cols)
-    inputs = None
-    if len(lay.in_pos) == 1:  # (sum, norm, finite count, non-NaN count) of the input tensor
-        i = int(lay.in_pos[0])
-        s_, nr, fin, not_nan = h[i:i + 4].tolist()
-        n_in = float(ns[lay.in_k[0]])
-        sq = nr * nr
-        inputs = {"sum": s_, "sumsq": np.inf if sq > _F32_MAX else sq, "nan": n_in - not_nan,
-                  "inf": (n_in - fin) - (n_in - not_nan), "n": n_in}
-        if fin < n_in:
-            _name_entry(inputs, lay, np.array([fin]), np.array([n_in]))
-    elif len(lay.in_pos):  # several input tensors: their sums and counts add up
-        v = h[lay.in_pos[:, None] + np.arange(4)]
-        n_in = ns[lay.in_k]
-        nan_n = float((n_in - v[:, 3]).sum())
-        inputs = {"sum": float(v[:, 0].sum()), "sumsq": float(_sq32(v[:, 1]).sum()), "nan": nan_n,
-                  "inf": float((n_in - v[:, 2]).sum()) - nan_n, "n": float(n_in.sum())}
-        if inputs["nan"] + inputs["inf"] > 0:
-            _name_entry(inputs, lay, v[:, 2], n_in)
-    return StepStats(step=step, loss=loss, inputs=inputs, has_backward=has_bwd, grad_scale=scale,
-                     names=lay.names, columns=cols, present=(lay.has_out, has_pgrad))
-
-
-def _read_pgrad(p, lay, host, vec_at, cache, scale, cols) -> np.ndarray:
-    """Per-layer parameter-gradient columns into ``cols``; returns the presence flags."""
-    L, P = lay.L, len(lay.param_layer)
-    if len(p.pgrad) == 1 and not lay.any_empty:  # one backward pass: the common step
-        idx, v = p.pgrad[0]
-        key = (L, P, idx)
-        hit = cache.get(key)
-        if hit is None:
-            if len(cache) >= MAX_LAYOUTS:
-                cache.clear()
-            ii = np.asarray(idx, dtype=np.intp)
-            gl = lay.param_layer[ii]
-            c = np.bincount(gl, minlength=L)
-            hit = cache[key] = (gl, np.bincount(gl, weights=lay.param_numel[ii], minlength=L), c > 0)
-        gl, n, has = hit
-        g = host[vec_at:vec_at + len(gl)]
-        g = g / scale if scale else g
-        cols["pgrad_sumsq"] = np.where(has, np.bincount(gl, weights=_sq32(g), minlength=L), np.nan)
-        cols["pgrad_n"] = n
-        return has
-    # several backward passes (accumulation, a GAN's two losses): the last wins per parameter
-    gvals = np.full(P, np.nan)
-    fired = np.zeros(P, dtype=bool)
-    for idx, v in p.pgrad:
-        m = v.numel()
-        ii = np.asarray(idx, dtype=np.intp)
-        gvals[ii] = host[vec_at:vec_at + m]
-        fired[ii] = True
-        vec_at += m
-    if lay.any_empty:
-        fired &= ~lay.empty_only[lay.param_layer]
-    gl = lay.param_layer[fired]
-    has = (np.bincount(gl, minlength=L) if len(gl) else np.zeros(L)) > 0
-    g = gvals[fired] / scale if scale else gvals[fired]
-    cols["pgrad_sumsq"] = np.where(has, _per_layer(gl, _sq32(g), L), np.nan)
-    cols["pgrad_n"] = _per_layer(gl, lay.param_numel[fired], L)
-    return has

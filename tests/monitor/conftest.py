@@ -10,6 +10,6 @@ from neuraldbg.monitor import transfer as T
 def seen(monkeypatch):
     """Every StepStats the detectors receive, in order."""
     out = []
-    orig = T._to_stepstats
-    monkeypatch.setattr(T, "_to_stepstats", lambda *a: out.append(orig(*a)) or out[-1])
+    orig = T.to_stepstats
+    monkeypatch.setattr(T, "to_stepstats", lambda *a: out.append(orig(*a)) or out[-1])
     return out

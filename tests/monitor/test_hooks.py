@@ -96,8 +96,8 @@ def test_a_checked_step_measures_with_one_foreach_norm_per_backward():
 
 def test_parameter_gradients_are_unscaled_under_a_grad_scaler(monkeypatch):
     seen = []
-    orig = T._to_stepstats
-    monkeypatch.setattr(T, "_to_stepstats", lambda *a: seen.append(orig(*a)) or seen[-1])
+    orig = T.to_stepstats
+    monkeypatch.setattr(T, "to_stepstats", lambda *a: seen.append(orig(*a)) or seen[-1])
 
     def run(**kw):
         seen.clear()
@@ -120,8 +120,8 @@ def test_parameter_gradients_are_unscaled_under_a_grad_scaler(monkeypatch):
 
 def test_parameter_gradients_match_a_direct_computation(monkeypatch):
     seen = []
-    orig = T._to_stepstats
-    monkeypatch.setattr(T, "_to_stepstats", lambda *a: seen.append(orig(*a)) or seen[-1])
+    orig = T.to_stepstats
+    monkeypatch.setattr(T, "to_stepstats", lambda *a: seen.append(orig(*a)) or seen[-1])
     lp = Loop({})
     want = []
     for _ in range(3):
@@ -361,8 +361,8 @@ def _specs(model):
 
 def _recorded(monkeypatch):
     seen = []
-    orig = T._to_stepstats
-    monkeypatch.setattr(T, "_to_stepstats", lambda *a: seen.append(orig(*a)) or seen[-1])
+    orig = T.to_stepstats
+    monkeypatch.setattr(T, "to_stepstats", lambda *a: seen.append(orig(*a)) or seen[-1])
     return seen
 
 

@@ -103,8 +103,8 @@ def test_missing_layers_are_nan_in_the_columns_and_absent_from_the_dict(monkeypa
     from neuraldbg.monitor import transfer as T
 
     seen = []
-    orig = T._to_stepstats
-    monkeypatch.setattr(T, "_to_stepstats", lambda *a: seen.append(orig(*a)) or seen[-1])
+    orig = T.to_stepstats
+    monkeypatch.setattr(T, "to_stepstats", lambda *a: seen.append(orig(*a)) or seen[-1])
     train(TinyMoE, True)
     odd = [st for st in seen if st.step % 2 == 1 and st.has_backward]
     i = odd[0].names.index("experts.3")

@@ -195,8 +195,8 @@ def test_every_n_checks_only_every_nth_step(monkeypatch):
 
 def test_eval_steps_record_no_gradient_statistics(monkeypatch):
     seen = []
-    orig = T._to_stepstats
-    monkeypatch.setattr(T, "_to_stepstats", lambda *a: seen.append(orig(*a)) or seen[-1])
+    orig = T.to_stepstats
+    monkeypatch.setattr(T, "to_stepstats", lambda *a: seen.append(orig(*a)) or seen[-1])
     m = mlp()
     with NeuralDbg(m) as dbg:
         dbg.step = 0
@@ -231,8 +231,8 @@ def test_shared_module_frozen_params_and_inplace():
 
 def test_dataparallel_on_cpu_reports_every_layer(monkeypatch):
     seen = []
-    orig = T._to_stepstats
-    monkeypatch.setattr(T, "_to_stepstats", lambda *a: seen.append(orig(*a)) or seen[-1])
+    orig = T.to_stepstats
+    monkeypatch.setattr(T, "to_stepstats", lambda *a: seen.append(orig(*a)) or seen[-1])
     m = mlp()
     dp = nn.DataParallel(m)
     train(dp, steps=3, dbg_kwargs={})

@@ -1,0 +1,98 @@
+"""The host side of a monitor's steps: each transferred step's statistics fed to the detectors,
+their events logged.
+
+:class:`EventFeed` is the consuming half of :class:`~neuraldbg.monitor.monitor.NeuralDbg` (which
+inherits it): :meth:`EventFeed._consume` is what :class:`~neuraldbg.monitor.transfer.HostTransfer`
+calls once per queued step, in step order. It keeps the loss history, the steps seen, the
+learning rates noted by the optimizer hooks until their step is read, and walks the model now
+and then for modules added or swapped mid-run.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from neuraldbg.events.base import Event
+from neuraldbg.events.compress import EventLog
+from neuraldbg.events.registry import DetectorContext, build_detectors
+from neuraldbg.events.stepstats import StepStats
+from neuraldbg.monitor.history import LossHistory
+
+#: checked steps between two walks of the model for added or swapped modules
+MODULE_CHECK_EVERY = 16
+
+
+class EventFeed:
+    """Mixin: the detectors of a monitor and what they are fed (:meth:`_init_feed` sets the state).
+    It reads the monitor's hooks (the forward order, the module walk), optimizers and parts, and
+    reports through the monitor's ``_safe`` and ``_failed``."""
+
+    def _init_feed(self) -> None:
+        self._consumed = 0      # checked steps read
+        self._grad_steps = 0    # of which with parameter gradients
+        self._detectors = None  # built at the first step read (the forward order is known then)
+        self._loss_readers: list = []
+        self._log = EventLog(gap=self.config.collapse_gap_checks * self.every, layer_index=self._layer_index)
+        self._loss = LossHistory()
+        self._first_step: int | None = None
+        self._last_step = 0
+        self._lr_at: dict[int, float] = {}  # monitor step -> learning rate, until consumed
+
+    def _consume(self, st: StepStats) -> None:
+        self._consumed += bool(st.names)  # checked steps only: a loss-only step saw no module
+        self._grad_steps += bool(st.names) and bool(st.has_pgrad.any())
+        if st.names and self._consumed % MODULE_CHECK_EVERY == 1:
+            # a walk of named_modules on the host, so only every few checks: catches layers
+            # added or swapped mid-run within MODULE_CHECK_EVERY checked steps
+            self._safe(self._check_modules, "module check")
+        if self._first_step is None:
+            self._first_step = st.step
+        self._last_step = max(self._last_step, st.step)
+        if st.loss is not None:
+            self._loss.add(st.step, st.loss)
+        if self._lr_at:
+            # without dbg.step, record_loss has already advanced the step when the optimizer
+            # of this one runs: its rate is then filed under the next step
+            st.lr = self._lr_at.get(st.step, self._lr_at.get(st.step + 1))
+            for s in [s for s in self._lr_at if s < st.step]:
+                del self._lr_at[s]
+        if self._detectors is None:
+            self._build_detectors()
+        # a step that recorded only its loss (nine in ten at every=10) goes to the detectors that read those
+        loss_only = not st.names and not st.has_backward and st.inputs is None
+        for det in self._loss_readers if loss_only else self._detectors:
+            try:
+                for ev in det.update(st):
+                    self._add_event(ev)
+            except Exception as e:  # noqa: BLE001
+                self._failed((det.name, type(e).__name__), f"detector {det.name} failed: {e!r}")
+        if st.names:
+            self._parts.call("checked_step", st)
+
+    def _add_event(self, ev: Event) -> None:
+        self._log.add(ev if self.rank is None else dataclasses.replace(ev, rank=self.rank))
+
+    def _check_modules(self) -> None:
+        """Follow modules added or swapped in mid-run; detectors forget the replaced layers,
+        whose baselines described the old weights."""
+        replaced = self._hooks.check_modules()
+        if replaced is None:
+            return
+        self._optimizers.refresh()  # an optimizer made for the new modules holds only their parameters
+        for det in self._detectors or ():
+            for name in replaced:
+                det.forget_layer(name)
+        if self._detectors is not None:
+            ctx = self._context()  # new layer names join the forward order detectors read
+            for det in self._detectors:
+                det.context = ctx
+
+    def _layer_index(self, name: str | None) -> int | None:
+        return None if name is None else self._order_pos.get(name)
+
+    def _context(self) -> DetectorContext:
+        order = tuple(self._hooks.order)
+        return DetectorContext(family=self.family, layer_order=order, input_layer=order[0] if order else None)
+
+    def _build_detectors(self) -> None:
+        self._detectors = build_detectors(self.settings.detectors, self.config, self._context())
+        self._loss_readers = [d for d in self._detectors if d.reads_loss_only]
