@@ -43,8 +43,9 @@ FAMILIES = $(shell $(VPY) -c "from neuraldbg.vocab import FAMILIES; print(*FAMIL
 BENCH_DIR ?= bench-out/full
 
 # Refit every shipped prior file from a full benchmark run (reuses $(BENCH_DIR) when it holds
-# one: the harness resumes). Each file keeps the hand-set tables it started from, so running
-# this twice does not count the same runs twice.
+# one: the harness resumes, running again only the records other code made, which tune-priors
+# would refuse). Each file keeps the hand-set tables it started from, so running this twice
+# does not count the same runs twice.
 priors: venv
 	$(VPY) -m benchmarks run --out $(BENCH_DIR)
 	for f in $(FAMILIES); do \

@@ -52,6 +52,7 @@ from benchmarks.records import (API_COLUMNS, RECORD_COLUMNS, collect, empty_reco
 from benchmarks.suites import (DEFAULT_BARE_SEEDS, DEFAULT_SEEDS, DEFAULT_SUITE, HEALTHY_PER_SEED, QUICK_BARE_SEEDS,
                                QUICK_HEALTHY_SEEDS, QUICK_SEEDS, SUITES, RunSpec, get_suite, plan, suite_plan)
 from neuraldbg.jsonio import write_json_atomic, write_text_atomic
+from neuraldbg.source import code_version
 
 log = logging.getLogger("neuraldbg")
 
@@ -72,7 +73,9 @@ def _find_injection(zoo: Any, arch: str, name: str) -> Any:
 
 
 def _empty_record(spec: RunSpec) -> dict[str, Any]:
-    return empty_record(spec.key, spec.suite, spec.arch, spec.injection, spec.seed, spec.steps)
+    rec = empty_record(spec.key, spec.suite, spec.arch, spec.injection, spec.seed, spec.steps)
+    rec["code"] = code_version()  # which code made it: a resume runs other code's records again
+    return rec
 
 
 def _fresh_compile_state() -> None:
@@ -211,8 +214,10 @@ def init_worker() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(processName)s %(levelname)s %(message)s")
 
 
-def _done_keys(out: Path, specs: Sequence[RunSpec], retry_errors: bool) -> set[str]:
+def _done_keys(out: Path, specs: Sequence[RunSpec], retry_errors: bool, keep_stale: bool = False) -> set[str]:
     done = set()
+    stale = 0
+    code = code_version()
     for spec in specs:
         path = record_path(out, spec.key)
         if not path.exists():
@@ -227,26 +232,33 @@ def _done_keys(out: Path, specs: Sequence[RunSpec], retry_errors: bool) -> set[s
             continue
         if spec.verify_steps and rec.get("verified_p_healthy") is None and not rec.get("verify_error"):
             continue  # recorded without --verify: run again with it
+        if rec.get("code") != code and not keep_stale:
+            stale += 1  # made by other code (or before records said which): its events may differ now
+            continue
         done.add(spec.key)
+    if stale:
+        log.warning("benchmark: %d record(s) in %s were made by other code than this checkout's (%s): running "
+                    "them again (--keep-stale keeps them)", stale, out, code)
     return done
 
 
 def run_suite(specs: Sequence[RunSpec], out: str | os.PathLike, workers: int | None = None,
               retry_errors: bool = True, progress: bool = True, executor: str | Executor = DEFAULT_EXECUTOR,
-              address: str | None = None) -> pd.DataFrame:
+              address: str | None = None, keep_stale: bool = False) -> pd.DataFrame:
     """Run every spec not already recorded in ``out`` and return all records of ``out``.
 
     ``executor`` (:mod:`benchmarks.executors`): ``"pool"``, a local process pool (forkserver
     where available, else spawn) of ``workers`` processes (default: the usable cores; ``0``
     runs in this process) with one torch thread each; ``"ray"``, Ray tasks of one CPU on a local
     Ray or the cluster at ``address``; ``"inline"``, this process. Every one leaves the same
-    records and sessions.
+    records and sessions. A record made by other code than this checkout's (its ``code``,
+    :func:`neuraldbg.source.code_version`) is run again unless ``keep_stale``.
     """
     out = Path(out)
     if not isinstance(executor, Executor):
         executor = make_executor(executor, workers, address)
     (out / "records").mkdir(parents=True, exist_ok=True)
-    done = _done_keys(out, specs, retry_errors)
+    done = _done_keys(out, specs, retry_errors, keep_stale)
     todo = [s for s in specs if s.key not in done]
     log.info("benchmark: %d runs planned, %d already recorded, %d to run (%s)", len(specs), len(done), len(todo),
              executor.describe())
@@ -326,6 +338,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="hypotheses tested per run with --verify (default %(default)s)")
     p.add_argument("--out", default="bench-out/run", metavar="DIR", help="output folder (default: %(default)s)")
     p.add_argument("--no-retry-errors", action="store_true", help="on resume, keep errored records")
+    p.add_argument("--keep-stale", action="store_true",
+                   help="on resume, keep records made by other code than this checkout's (column 'code'); "
+                        "by default they run again")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -366,7 +381,7 @@ def main(args: argparse.Namespace) -> int:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     _note_command(Path(args.out), len(specs), executor)
     df = run_suite(specs, args.out, retry_errors=not args.no_retry_errors, progress=not args.no_progress,
-                   executor=executor)
+                   executor=executor, keep_stale=getattr(args, "keep_stale", False))
     keys = {s.key for s in specs}
     mine = df[df["key"].isin(keys)]
     n_err = int((mine["error"].fillna("") != "").sum())

@@ -32,12 +32,13 @@ API_COLUMNS: tuple[str, ...] = (
     "pred_prob", "p_healthy", "origin_layer", "true_layer", "onset_step", "true_onset", "steps",
     "seconds", "seconds_bare",
 ) + tuple(posterior_columns())
-#: Further columns every record carries (``suite`` last: earlier columns keep their positions).
+#: Further columns every record carries (new ones last: earlier columns keep their positions);
+#: ``code`` is the hash of the code that made the record (:func:`neuraldbg.source.code_version`).
 EXTRA_COLUMNS: tuple[str, ...] = (
     "key", "n_hypotheses", "hypotheses", "posterior", "n_events", *(f"events_{k}" for k in ALL_EVENT_KINDS),
     "first_event_kind", "first_event_layer", "first_event_step", "loss_first", "loss_last",
     "loss_nonfinite", "baseline_first_event", "baseline_threshold_rules", "rules_fired",
-    "timing_order", "steps_requested", "session", "harness_seconds", "error", "suite",
+    "timing_order", "steps_requested", "session", "harness_seconds", "error", "suite", "code",
 )
 RECORD_COLUMNS: tuple[str, ...] = API_COLUMNS + EXTRA_COLUMNS
 #: Columns of ``run --verify`` (docs/verification.md): the top hypothesis and posterior after
@@ -53,7 +54,7 @@ TEXT_COLUMNS: tuple[str, ...] = (
     "arch", "family", "injection", "true_cause", "true_state", "pred_cause", "pred_state", "origin_layer",
     "true_layer", "key", "hypotheses", "posterior", "first_event_kind", "first_event_layer",
     "baseline_first_event", "baseline_threshold_rules", "rules_fired", "timing_order", "session", "error",
-    "traceback", "suite", "verified_pred_cause", "verified_pred_state", "verify_tests", "verify_joint_before",
+    "traceback", "suite", "code", "verified_pred_cause", "verified_pred_state", "verify_tests", "verify_joint_before",
     "verify_error",
 )
 #: Columns holding whole numbers (possibly missing).

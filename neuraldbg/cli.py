@@ -257,6 +257,9 @@ def _tune_parser(sub: Any) -> argparse.ArgumentParser:
                    help="held-out log loss the temperature minimizes: on the runs reweighted to the root "
                         "priors' label mix (default), or on the benchmark's own mix")
     p.add_argument("--seed", type=int, default=0, help="seed of the fold assignment (default 0)")
+    p.add_argument("--allow-stale", action="store_true",
+                   help="fit runs recorded by other code than this checkout's (refused by default: their "
+                        "sessions hold the events the monitor recorded then)")
     p.set_defaults(func=run_tune)
     return p
 
@@ -275,7 +278,7 @@ def run_tune(args: argparse.Namespace) -> int:
     try:
         res = tune(args.runs, args.family, ess=args.ess, folds=args.folds, base=args.base,
                    temperature=not args.no_temperature, seed=args.seed,
-                   criterion=args.temperature_criterion)
+                   criterion=args.temperature_criterion, allow_stale=args.allow_stale)
         created = new_folders(args.out)
         path = res.write(args.out)
     except (TuneError, PriorError, OSError) as exc:

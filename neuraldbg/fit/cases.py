@@ -38,6 +38,8 @@ class Run:
     arch: str = ""
     injection: str = ""
     seed: int = 0
+    #: the hash of the code that recorded it (the record's ``code``; None when not known)
+    code: str | None = None
 
     @property
     def label(self) -> str | None:
@@ -68,7 +70,7 @@ def _read_records(runs_dir: Path) -> list[dict[str, Any]]:
 
     csv = runs_dir / "records.csv"
     if csv.is_file():
-        df = pd.read_csv(csv)
+        df = pd.read_csv(csv, dtype={"code": str})  # a hash of digits only keeps its leading zeros
     elif (runs_dir / "records.parquet").is_file():
         df = pd.read_parquet(runs_dir / "records.parquet")
     else:
@@ -121,7 +123,7 @@ def load_runs(source: str | os.PathLike | Iterable[Run], family: str | None = No
         out.append(Run(key=str(key), family=str(rec.get("family") or trace.family), truth=truth,
                        evidence={k: (v if isinstance(v, str) else tuple(v)) for k, v in obs.items()},
                        arch=str(rec.get("arch", "")), injection=str(rec.get("injection", "")),
-                       seed=int(rec.get("seed", 0))))
+                       seed=int(rec.get("seed", 0)), code=None if _empty(rec.get("code")) else str(rec["code"])))
     if skipped:
         log.warning("tune: %d record(s) of %s skipped (error or no session file)", skipped, root)
     return out

@@ -13,7 +13,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from neuraldbg.causal.cpd import Cpd
 from neuraldbg.causal.priors import Priors, load_priors, validate
@@ -22,6 +22,7 @@ from neuraldbg.fit.cases import Run, TuneError, inputs_hash, load_runs
 from neuraldbg.fit.em import DEFAULT_ESS, MAX_ITER, TOL, FitInfo, fit_cpds, fitted_nodes
 from neuraldbg.fit.select import DEFAULT_FOLDS, CVResult, cross_validate
 from neuraldbg.jsonio import write_json_atomic
+from neuraldbg.source import code_version
 from neuraldbg.vocab import FAMILIES
 
 log = logging.getLogger("neuraldbg")
@@ -90,10 +91,31 @@ def base_source(pri: Priors) -> str:
     return str(pri.provenance.get("source", pri.source)) if "recovered_from" in pri.provenance else pri.source
 
 
+def _check_current(runs: Sequence[Run], family: str, source: Any, allow_stale: bool) -> None:
+    """Refuse runs recorded by other code (see :func:`tune`); warn about runs that do not say."""
+    code = code_version()
+    stale = sorted({r.code for r in runs if r.code is not None and r.code != code})
+    n_stale = sum(r.code is not None and r.code != code for r in runs)
+    unknown = sum(r.code is None for r in runs)
+    where = source if isinstance(source, (str, os.PathLike)) else "the given runs"
+    if n_stale and not allow_stale:
+        raise TuneError(f"{n_stale} of {len(runs)} {family} runs in {where} were recorded by other code "
+                        f"({', '.join(stale)}) than this checkout's ({code}): their sessions hold the events "
+                        "the monitor recorded then. Run the benchmark again into the same folder (python -m "
+                        "benchmarks run --out DIR runs them again), or pass allow_stale=True (--allow-stale) "
+                        "to fit them anyway")
+    if n_stale:
+        log.warning("tune: fitting %d %s run(s) recorded by other code (%s) than this checkout's (%s)",
+                    n_stale, family, ", ".join(stale), code)
+    if unknown and isinstance(source, (str, os.PathLike)):
+        log.warning("tune: %d %s run(s) in %s do not say which code recorded them (no 'code' column): "
+                    "they may be stale", unknown, family, source)
+
+
 def tune(records_or_sessions: str | os.PathLike | Iterable[Run], family: str, *, ess: float = DEFAULT_ESS,
          folds: int = DEFAULT_FOLDS, base: str | os.PathLike | Priors | None = None, temperature: bool = True,
          seed: int = 0, max_iter: int = MAX_ITER, engine: str = "pgmpy",
-         criterion: str = "prior_mix") -> TuneResult:
+         criterion: str = "prior_mix", allow_stale: bool = False) -> TuneResult:
     """Fit ``family``'s CPDs to benchmark runs; return the prior file as a :class:`TuneResult`.
 
     ``records_or_sessions``: a benchmark output directory (``records.csv`` + ``sessions/``)
@@ -102,6 +124,11 @@ def tune(records_or_sessions: str | os.PathLike | Iterable[Run], family: str, *,
     check by seed scores hand-set vs fitted on held-out runs (stored in the provenance) and,
     with ``temperature``, picks the temperature (``criterion``: see :func:`cross_validate`);
     ``folds=0`` skips it (temperature 1).
+
+    Runs recorded by other code than this checkout's (their ``code``,
+    :func:`neuraldbg.source.code_version`) raise :class:`TuneError` unless ``allow_stale``: their
+    sessions hold the events the monitor recorded then, and priors fitted to them are stale
+    from the start. Runs that do not say which code made them are fitted, with a warning.
     """
     if family not in FAMILIES:
         raise TuneError(f"unknown family {family!r}; valid: {', '.join(FAMILIES)}")
@@ -111,6 +138,7 @@ def tune(records_or_sessions: str | os.PathLike | Iterable[Run], family: str, *,
         have = sorted({r.family for r in all_runs})
         where = records_or_sessions if isinstance(records_or_sessions, (str, os.PathLike)) else "the given runs"
         raise TuneError(f"no runs of family {family!r} in {where} (families present: {', '.join(have) or 'none'})")
+    _check_current(runs, family, records_or_sessions, allow_stale)
     if isinstance(base, Priors):
         base_pri = base
     else:
@@ -165,6 +193,9 @@ def tune(records_or_sessions: str | os.PathLike | Iterable[Run], family: str, *,
             "architectures": sorted({r.arch for r in runs}),
             "injections": sorted({r.injection for r in runs}),
             "sha256": inputs_hash(runs),
+            # the code that fitted them; the runs were recorded by it too unless allow_stale
+            "code": code_version(),
+            "recorded_by": sorted({r.code for r in runs if r.code is not None}),
         },
         "estimator": {"method": "EM (exact E-step over the latent mechanisms and partial observations)",
                       "m_step": ("pgmpy.parameter_estimator.DiscreteBayesianEstimator" if engine == "pgmpy"

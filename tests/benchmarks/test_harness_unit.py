@@ -88,6 +88,30 @@ def test_suite_is_resumable_and_writes_tables(fake_zoo, tmp_path):
     assert set(H.API_COLUMNS) <= set(csv.columns)
 
 
+def test_resume_runs_again_the_records_other_code_made(fake_zoo, tmp_path, caplog):
+    """Regression: a resumed folder kept records made before a change of the monitor, and priors
+    fitted to them described the old code."""
+    from neuraldbg.source import code_version
+
+    specs = H.plan(fake_zoo, archs=["toy_a"], injections=["healthy"], seeds=1, healthy_seeds=2)
+    H.run_suite(specs, tmp_path, workers=0, progress=False)
+    df = H.load_records(tmp_path)
+    assert set(df["code"]) == {code_version()}
+    path = H.record_path(tmp_path, specs[0].key)
+    rec = json.loads(path.read_text())
+    rec["code"] = "0123456789ab"
+    path.write_text(json.dumps(rec))
+    n = len(fake_zoo.calls)
+    H.run_suite(specs, tmp_path, workers=0, progress=False, keep_stale=True)
+    assert len(fake_zoo.calls) == n  # kept on request
+    with caplog.at_level("WARNING", logger="neuraldbg"):
+        H.run_suite(specs, tmp_path, workers=0, progress=False)
+    again = fake_zoo.calls[n:]
+    assert again and {c[:3] for c in again} == {("toy_a", "healthy", specs[0].seed)}  # that record alone
+    assert "1 record(s)" in caplog.text and "--keep-stale" in caplog.text
+    assert json.loads(path.read_text())["code"] == code_version()
+
+
 def test_cli_rejects_bad_arch_with_valid_names(fake_zoo, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         cli(["run", "--arch", "nope", "--out", str(tmp_path), "--workers", "0"])

@@ -141,8 +141,12 @@ def _trace(kind, seed, family):
                  loss=_loss([0.7 * decay ** i for i in range(at)] + [float("nan")] * (60 - at)))
 
 
-def runs_dir(tmp_path, seeds=3, families=("mlp",)):
-    """A tiny benchmark output directory: records.csv + sessions/ (healthy and NaN-batch runs)."""
+def runs_dir(tmp_path, seeds=3, families=("mlp",), code=None):
+    """A tiny benchmark output directory: records.csv + sessions/ (healthy and NaN-batch runs),
+    recorded by this checkout's code (``code``: by that one; ``""``: not said)."""
+    from neuraldbg.source import code_version
+
+    code = code_version() if code is None else code
     d = tmp_path / "runs"
     rows = []
     for fam in families:
@@ -151,9 +155,9 @@ def runs_dir(tmp_path, seeds=3, families=("mlp",)):
                 key = f"{fam}__{inj}__{seed}"
                 export_trace(_trace(inj, seed, fam), d / "sessions" / f"{key}.json")
                 rows.append({"arch": fam, "family": fam, "injection": inj, "seed": seed, "true_cause": cause,
-                             "true_state": state, "session": f"sessions/{key}.json", "error": ""})
+                             "true_state": state, "session": f"sessions/{key}.json", "error": "", "code": code})
     rows.append({"arch": "mlp", "family": "mlp", "injection": "lr_too_high", "seed": 0, "true_cause": "learning_rate",
-                 "true_state": "too_high", "session": "", "error": "RuntimeError: boom"})
+                 "true_state": "too_high", "session": "", "error": "RuntimeError: boom", "code": code})
     with open(d / "records.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
@@ -166,6 +170,28 @@ def test_load_runs_reads_sessions_and_skips_errored_records(tmp_path):
     assert len(runs) == 6 and {r.label for r in runs} == {"healthy", "data/corrupted"}
     nan = next(r for r in runs if r.injection == "data_nan")
     assert nan.evidence["data_nan"] == "input" and nan.truth == {**{v: "ok" for v in ROOTS}, "data": "corrupted"}
+
+
+def test_runs_recorded_by_other_code_are_refused_unless_allowed(tmp_path, caplog):
+    """Regression: priors were fitted to a folder resumed across a change of the monitor, whose
+    sessions held the events the old code recorded."""
+    from neuraldbg.source import code_version
+
+    d = runs_dir(tmp_path, seeds=2, code="0123456789ab")  # digits only: read as text, zeros kept
+    assert {r.code for r in T.load_runs(d)} == {"0123456789ab"}
+    with pytest.raises(T.TuneError, match=r"4 of 4 mlp runs .* other code \(0123456789ab\).*--allow-stale"):
+        T.tune(d, "mlp", ess=4, folds=0, max_iter=2, engine="numpy")
+    res = T.tune(d, "mlp", ess=4, folds=0, max_iter=2, engine="numpy", allow_stale=True)
+    fo = res.data["provenance"]["fitted_on"]
+    assert fo["code"] == code_version() and fo["recorded_by"] == ["0123456789ab"]
+    out = tmp_path / "p.json"
+    args = ["tune-priors", "--family", "mlp", "--runs", str(d), "--out", str(out), "--folds", "0"]
+    assert cli.main(args) == 1 and not out.exists()
+    assert cli.main(args + ["--allow-stale"]) == 0 and out.exists()
+    unsaid = runs_dir(tmp_path / "old", seeds=2, code="")  # a folder from before records said
+    with caplog.at_level("WARNING", logger="neuraldbg"):
+        T.tune(unsaid, "mlp", ess=4, folds=0, max_iter=2, engine="numpy")
+    assert "do not say which code recorded them" in caplog.text
 
 
 def test_refitting_a_refit_records_its_base_once(tmp_path):
