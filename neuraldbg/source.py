@@ -51,6 +51,10 @@ def python_files(base: Path, folders: Iterable[str] = SOURCE_FOLDERS) -> list[tu
 
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
-    """The hash of the code this process runs (:func:`source_hash` of :func:`python_files`
-    beside the imported package), computed once per process."""
-    return source_hash(python_files(Path(__file__).resolve().parent.parent))
+    """The hash of the code this process runs (:func:`source_hash` of :func:`python_files`),
+    computed once per process: in a checkout (a ``pyproject.toml`` beside the package) the
+    package, the zoo and the benchmarks; in an installed package the package alone (a folder
+    called ``models`` beside it in site-packages belongs to someone else)."""
+    base = Path(__file__).resolve().parent.parent
+    folders = SOURCE_FOLDERS if (base / "pyproject.toml").is_file() else SOURCE_FOLDERS[:1]
+    return source_hash(python_files(base, folders))
