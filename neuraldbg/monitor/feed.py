@@ -38,6 +38,8 @@ class EventFeed:
         self._lr_at: dict[int, float] = {}  # monitor step -> learning rate, until consumed
 
     def _consume(self, st: StepStats) -> None:
+        """One transferred step, in step order: its loss into the history, its rate attached, then
+        the detectors (only those reading losses for a step that recorded nothing else)."""
         self._consumed += bool(st.names)  # checked steps only: a loss-only step saw no module
         self._grad_steps += bool(st.names) and bool(st.has_pgrad.any())
         if st.names and self._consumed % MODULE_CHECK_EVERY == 1:
