@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 # an open range would pull a multi-GB CUDA build.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: venv venv-demo demo test bench bench-quick priors docs-figures clean
+.PHONY: venv venv-demo demo test bench bench-quick priors priors-check docs-figures clean
 
 # Two environments in one .venv, each installed once: the demo's (the core, the plot extra and
 # the pinned torch: what `python -m neuraldbg.demo` imports) and the full one of `make test`
@@ -51,6 +51,12 @@ priors: venv
 	for f in $(FAMILIES); do \
 	  $(VPY) -m neuraldbg.cli tune-priors --family $$f --runs $(BENCH_DIR) --out neuraldbg/priors/$$f.json --no-temperature || exit 1; \
 	done
+
+# Whether every shipped prior file was fitted on exactly the evidence this code records (exit 1
+# when one is stale: refit with `make priors`); runs the full benchmark into $(BENCH_DIR) first.
+priors-check: venv
+	$(VPY) -m benchmarks run --out $(BENCH_DIR)
+	$(VPY) -m neuraldbg.cli check-priors --runs $(BENCH_DIR)
 
 # Every figure under docs/ comes from this script (headless Chromium; it says how to get one
 # when none is installed), so a figure cannot drift from what the code draws today.

@@ -1,6 +1,5 @@
 """Prior tuning: EM recovers known tables, unseen configurations keep the prior,
 the written file round-trips and loads in NeuralDbg, bad files fail clearly, the CLI works."""
-import csv
 import json
 import math
 
@@ -14,10 +13,8 @@ from neuraldbg.causal.compiled import CompiledNetwork
 from neuraldbg.causal.cpd import Cpd, build_cpds
 from neuraldbg.causal.priors import PriorError, load_priors, read
 from neuraldbg.causal.structure import ROOT_NAMES, ROOTS, default_network
-from neuraldbg.events.base import DATA, OPTIMIZER, make_event
 from neuraldbg.fit.em import fitted_nodes
-from neuraldbg.session import export_trace
-from neuraldbg.trace import LayerInfo, LossSummary, Trace
+from tests.fit.runs import runs_dir
 
 NET = default_network()
 
@@ -117,53 +114,6 @@ def test_unseen_parent_configurations_keep_their_prior_columns():
 
 
 # ------------------------------------------------------------------ files and loading
-
-def _layers():
-    return (LayerInfo("fc1", "Linear", 0, 2080), LayerInfo("act1", "ReLU", 1, 0), LayerInfo("fc2", "Linear", 2, 130))
-
-
-def _loss(values):
-    finite = [v for v in values if math.isfinite(v)]
-    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
-    return LossSummary(n=len(values), first=values[0], last=values[-1], min=min(finite), n_nonfinite=len(bad),
-                       first_nonfinite_step=bad[0] if bad else None, history=tuple(enumerate(values)))
-
-
-def _trace(kind, seed, family):
-    decay = 0.97 + 0.001 * seed
-    if kind == "healthy":
-        return Trace(events=(), layers=_layers(), family=family, first_step=0, last_step=59,
-                     loss=_loss([0.7 * decay ** i for i in range(60)]))
-    at = 20 + seed
-    ev = (make_event(DATA, "nan", "fc1", at, 6.0, {"at_input": 1.0}, end_step=59),
-          make_event(OPTIMIZER, "divergence", None, at, 6.0, {"nonfinite": 1.0}, end_step=59))
-    return Trace(events=ev, layers=_layers(), family=family, first_step=0, last_step=59,
-                 loss=_loss([0.7 * decay ** i for i in range(at)] + [float("nan")] * (60 - at)))
-
-
-def runs_dir(tmp_path, seeds=3, families=("mlp",), code=None):
-    """A tiny benchmark output directory: records.csv + sessions/ (healthy and NaN-batch runs),
-    recorded by this checkout's code (``code``: by that one; ``""``: not said)."""
-    from neuraldbg.source import code_version
-
-    code = code_version() if code is None else code
-    d = tmp_path / "runs"
-    rows = []
-    for fam in families:
-        for seed in range(seeds):
-            for inj, cause, state in (("healthy", "", ""), ("data_nan", "data", "corrupted")):
-                key = f"{fam}__{inj}__{seed}"
-                export_trace(_trace(inj, seed, fam), d / "sessions" / f"{key}.json")
-                rows.append({"arch": fam, "family": fam, "injection": inj, "seed": seed, "true_cause": cause,
-                             "true_state": state, "session": f"sessions/{key}.json", "error": "", "code": code})
-    rows.append({"arch": "mlp", "family": "mlp", "injection": "lr_too_high", "seed": 0, "true_cause": "learning_rate",
-                 "true_state": "too_high", "session": "", "error": "RuntimeError: boom", "code": code})
-    with open(d / "records.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    return d
-
 
 def test_load_runs_reads_sessions_and_skips_errored_records(tmp_path):
     runs = T.load_runs(runs_dir(tmp_path, families=("mlp", "cnn")), family="mlp")
