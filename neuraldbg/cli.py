@@ -306,43 +306,9 @@ def run_tune(args: argparse.Namespace) -> int:
 
 @command("check-priors")
 def _check_priors_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "check-priors", help="check that the prior files were fitted on what this code records",
-        description="Select each fitted prior file's training cases (its provenance) from a benchmark folder "
-                    "recorded by this checkout and compare their hash with the one the file recorded: "
-                    "'stale' means the evidence has changed since the fit. Exit status 1 unless every "
-                    "file is current or hand-set. See docs/priors.md.")
-    p.add_argument("--runs", required=True, metavar="DIR", help="benchmark output folder (python -m benchmarks run)")
-    p.add_argument("--family", nargs="+", metavar="NAME", default=None, help="families to check (default: all)")
-    p.set_defaults(func=run_check_priors)
-    return p
+    from neuraldbg.fit.check import add_parser
 
-
-def run_check_priors(args: argparse.Namespace) -> int:
-    """Print one line per family; 1 when a file is stale or its runs are missing from the folder."""
-    from neuraldbg.fit import TuneError, load_runs
-    from neuraldbg.fit.check import check_priors, other_code
-    from neuraldbg.source import code_version
-    from neuraldbg.vocab import FAMILIES
-
-    bad = [f for f in args.family or () if f not in FAMILIES]
-    if bad:
-        return _fail(UserError(f"unknown family {bad[0]!r}; valid: {', '.join(FAMILIES)}"), args)
-    try:
-        runs = load_runs(args.runs)
-        checks = check_priors(runs, args.family)
-    except (TuneError, OSError, ValueError) as exc:
-        return _fail(exc, args)
-    others = other_code(runs)
-    if others:
-        print(f"note: some runs in {args.runs} were recorded by other code ({', '.join(others)}) than this "
-              f"checkout's ({code_version()}); run the benchmark into it again first")
-    unknown = sum(r.code is None for r in runs)
-    if unknown:
-        print(f"note: {unknown} run(s) in {args.runs} do not say which code recorded them (no 'code' column)")
-    for c in checks:
-        print(f"{c.family:12s} {c.status:13s} {c.detail}")
-    return 0 if all(c.ok for c in checks) and not others else 1
+    return add_parser(sub)
 
 
 # ---- tune-verification --------------------------------------------------------------------

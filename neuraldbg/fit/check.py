@@ -9,9 +9,10 @@ signature or an extractor has changed since the fit, and the file describes the 
 """
 from __future__ import annotations
 
+import argparse
 import os
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from neuraldbg.fit.cases import Run, inputs_hash, load_runs
 from neuraldbg.source import code_version
@@ -82,3 +83,35 @@ def other_code(runs: Iterable[Run]) -> list[str]:
     """The codes, other than this checkout's, that recorded some of ``runs`` (sorted)."""
     code = code_version()
     return sorted({r.code for r in runs if r.code is not None and r.code != code})
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """The ``neuraldbg check-priors`` subcommand (registered by ``neuraldbg/cli.py``)."""
+    p = sub.add_parser(
+        "check-priors", help="check that the prior files were fitted on what this code records",
+        description="Select each fitted prior file's training cases (its provenance) from a benchmark folder "
+                    "recorded by this checkout and compare their hash with the one the file recorded: "
+                    "'stale' means the evidence has changed since the fit. Exit status 1 unless every "
+                    "file is current or hand-set. See docs/priors.md.")
+    p.add_argument("--runs", required=True, metavar="DIR", help="benchmark output folder (python -m benchmarks run)")
+    p.add_argument("--family", nargs="+", metavar="NAME", default=None, help="families to check (default: all)")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print one line per family; 1 when a file is stale, its runs are missing from the folder,
+    or the folder was recorded by other code. An unusable folder or an unknown family raises
+    ``ValueError``, which the command line reports as one line."""
+    runs = load_runs(args.runs)
+    checks = check_priors(runs, args.family)
+    others = other_code(runs)
+    if others:
+        print(f"note: some runs in {args.runs} were recorded by other code ({', '.join(others)}) than this "
+              f"checkout's ({code_version()}); run the benchmark into it again first")
+    unknown = sum(r.code is None for r in runs)
+    if unknown:
+        print(f"note: {unknown} run(s) in {args.runs} do not say which code recorded them (no 'code' column)")
+    for c in checks:
+        print(f"{c.family:12s} {c.status:13s} {c.detail}")
+    return 0 if all(c.ok for c in checks) and not others else 1
