@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from neuraldbg.source import code_version
 from neuraldbg.vocab import HEALTHY, ROOT_NAMES, ROOTS
 
 log = logging.getLogger("neuraldbg")
@@ -127,6 +128,13 @@ def load_runs(source: str | os.PathLike | Iterable[Run], family: str | None = No
     if skipped:
         log.warning("tune: %d record(s) of %s skipped (error or no session file)", skipped, root)
     return out
+
+
+def other_code(runs: Iterable[Run]) -> list[str]:
+    """The codes other than this checkout's (:func:`neuraldbg.source.code_version`) that
+    recorded some of ``runs``, sorted; runs that do not say are left out."""
+    code = code_version()
+    return sorted({r.code for r in runs if r.code is not None and r.code != code})
 
 
 def inputs_hash(runs: Sequence[Run]) -> str:

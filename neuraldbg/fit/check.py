@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from neuraldbg.fit.cases import Run, inputs_hash, load_runs
+from neuraldbg.fit.cases import Run, inputs_hash, load_runs, other_code
 from neuraldbg.source import code_version
 from neuraldbg.vocab import FAMILIES
 
@@ -77,12 +77,6 @@ def check_priors(runs: str | os.PathLike | Iterable[Run], families: Iterable[str
         pri = priors[f] if priors is not None and f in priors else load_priors(f)
         out.append(check_family(f, pri, all_runs))
     return out
-
-
-def other_code(runs: Iterable[Run]) -> list[str]:
-    """The codes, other than this checkout's, that recorded some of ``runs`` (sorted)."""
-    code = code_version()
-    return sorted({r.code for r in runs if r.code is not None and r.code != code})
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

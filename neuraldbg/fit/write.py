@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from neuraldbg.causal.cpd import Cpd
 from neuraldbg.causal.priors import Priors, load_priors, validate
 from neuraldbg.causal.structure import default_network
-from neuraldbg.fit.cases import Run, TuneError, inputs_hash, load_runs
+from neuraldbg.fit.cases import Run, TuneError, inputs_hash, load_runs, other_code
 from neuraldbg.fit.em import DEFAULT_ESS, MAX_ITER, TOL, FitInfo, fit_cpds, fitted_nodes
 from neuraldbg.fit.select import DEFAULT_FOLDS, CVResult, cross_validate
 from neuraldbg.jsonio import write_json_atomic
@@ -94,8 +94,8 @@ def base_source(pri: Priors) -> str:
 def _check_current(runs: Sequence[Run], family: str, source: Any, allow_stale: bool) -> None:
     """Refuse runs recorded by other code (see :func:`tune`); warn about runs that do not say."""
     code = code_version()
-    stale = sorted({r.code for r in runs if r.code is not None and r.code != code})
-    n_stale = sum(r.code is not None and r.code != code for r in runs)
+    stale = other_code(runs)
+    n_stale = sum(r.code in stale for r in runs)
     unknown = sum(r.code is None for r in runs)
     where = source if isinstance(source, (str, os.PathLike)) else "the given runs"
     if n_stale and not allow_stale:
