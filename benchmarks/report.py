@@ -73,7 +73,27 @@ def _provenance(dir_: Path) -> dict[str, str]:
         except ValueError:
             meta = {}
     return {"commit": commit + dirty, "command": meta.get("command", "python -m benchmarks run ..."),
-            "date": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "host": meta.get("host", "")}
+            "date": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "host": meta.get("host", ""),
+            "code": code_line(dir_)}
+
+
+def code_line(dir_: Path) -> str:
+    """Which code made the records of ``dir_`` (their ``code``, ``neuraldbg/source.py``): one
+    version, several (a folder resumed with ``--keep-stale``), or not said (older records)."""
+    import pandas as pd
+
+    try:
+        codes = pd.read_csv(dir_ / "records.csv", usecols=["code"], dtype={"code": str})["code"]
+    except (OSError, ValueError):  # no records.csv, or one written before the column
+        codes = pd.Series([], dtype=str)
+    if codes.isna().all():
+        return "The records do not say which code made them."
+    counts = codes.fillna("not said").value_counts()
+    if len(counts) == 1:
+        return f"Every record was made by code `{counts.index[0]}` (`neuraldbg/source.py`)."
+    parts = ", ".join(f"`{c}` {n}" for c, n in counts.items())
+    return (f"**The records were made by {len(counts)} versions of the code** ({parts}; `neuraldbg/source.py`): "
+            "a folder resumed with `--keep-stale` mixes their events.")
 
 
 def render(res: Mapping[str, Any], dir_: Path, images: Sequence[str], img_prefix: str = "",
@@ -86,7 +106,8 @@ def render(res: Mapping[str, Any], dir_: Path, images: Sequence[str], img_prefix
         "# NeuralDBG failure-injection benchmark\n",
         f"Produced by `{prov['command']}` then `python -m benchmarks report "
         f"{' '.join(str(d) for d in (dir_, *others))}` at commit "
-        f"`{prov['commit']}`, {prov['date']}{(', on ' + prov['host']) if prov['host'] else ''}.\n",
+        f"`{prov['commit']}`, {prov['date']}{(', on ' + prov['host']) if prov['host'] else ''}. "
+        f"{prov['code']}\n",
     ]
     if headline:
         parts.append(headline)

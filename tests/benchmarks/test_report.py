@@ -38,6 +38,19 @@ def test_report_writes_markdown_plots_and_goals(bench_dir, capsys):
     assert suites["table"]["eco_hand_set"]["n"] == 0 and suites["counts"]["zoo"]["errored"] == 6
 
 
+def test_the_report_says_which_code_made_its_records(bench_dir):
+    from neuraldbg.source import code_version
+
+    assert R.code_line(bench_dir) == f"Every record was made by code `{code_version()}` (`neuraldbg/source.py`)."
+    path = next((bench_dir / "records").glob("*.json"))
+    rec = json.loads(path.read_text())
+    rec["code"] = "0123456789ab"
+    path.write_text(json.dumps(rec))
+    H.collect(bench_dir)
+    assert "made by 2 versions of the code" in R.code_line(bench_dir) and "`0123456789ab` 1" in R.code_line(bench_dir)
+    assert R.code_line(bench_dir / "nowhere") == "The records do not say which code made them."
+
+
 def test_evaluate_counts_and_scores(bench_dir):
     res = R.evaluate(H.load_records(bench_dir), null_draws=100)
     assert res["n_runs"] == 2 * (9 + 6) and res["n_healthy"] == 18
