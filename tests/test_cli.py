@@ -1,6 +1,5 @@
 """``neuraldbg explain SESSION.json``: offline ranked hypotheses and chains of an exported run."""
 import json
-import math
 import re
 import subprocess
 import sys
@@ -11,27 +10,17 @@ import pytest
 from neuraldbg import cli
 from neuraldbg.events.base import DATA, GRADIENT, OPTIMIZER, make_event
 from neuraldbg.session import export_trace
-from neuraldbg.trace import LayerInfo, LossSummary, Trace
+from neuraldbg.trace import Trace
+from tests.traces import loss_summary, small_layers
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _layers():
-    return (LayerInfo("fc1", "Linear", 0, 2080), LayerInfo("act1", "ReLU", 1, 0), LayerInfo("fc2", "Linear", 2, 130))
-
-
-def _losses(values):
-    finite = [v for v in values if math.isfinite(v)]
-    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
-    return LossSummary(n=len(values), first=values[0], last=values[-1], min=min(finite), n_nonfinite=len(bad),
-                       first_nonfinite_step=bad[0] if bad else None, history=tuple(enumerate(values)))
 
 
 def nan_session(tmp_path) -> str:
     ev = (make_event(DATA, "nan", "fc1", 30, 6.0, {"at_input": 1.0}, end_step=59),
           make_event(OPTIMIZER, "divergence", None, 30, 6.0, {"nonfinite": 1.0}, end_step=59))
     losses = [0.7 * 0.97 ** i for i in range(30)] + [float("nan")] * 30
-    tr = Trace(events=ev, layers=_layers(), family="mlp", first_step=0, last_step=59, loss=_losses(losses))
+    tr = Trace(events=ev, layers=small_layers(), family="mlp", first_step=0, last_step=59, loss=loss_summary(losses))
     return export_trace(tr, tmp_path / "nan.json")
 
 
@@ -42,14 +31,14 @@ def shift_session(tmp_path) -> str:
           make_event(OPTIMIZER, "spike", None, 30, 27.0, {"robust_z": 27.0}, end_step=33),
           make_event(DATA, "shift", "fc1", 30, 25.0, {"scale_ratio": 982.0}, end_step=59))
     losses = [0.7 * 0.97 ** i for i in range(30)] + [30.0 - 0.1 * i for i in range(30)]
-    tr = Trace(events=ev, layers=_layers(), family="mlp", first_step=0, last_step=59, loss=_losses(losses))
+    tr = Trace(events=ev, layers=small_layers(), family="mlp", first_step=0, last_step=59, loss=loss_summary(losses))
     return export_trace(tr, tmp_path / "shift.json")
 
 
 
 def healthy_session(tmp_path) -> str:
-    tr = Trace(events=(), layers=_layers(), family="cnn", first_step=0, last_step=59,
-               loss=_losses([0.7 * 0.97 ** i for i in range(60)]))
+    tr = Trace(events=(), layers=small_layers(), family="cnn", first_step=0, last_step=59,
+               loss=loss_summary([0.7 * 0.97 ** i for i in range(60)]))
     return export_trace(tr, tmp_path / "ok.json")
 
 
@@ -173,8 +162,8 @@ def _rank_session(tmp_path, rank, nan_input):
     else:
         ev.insert(0, make_event(DATA, "nan", "fc1", 21, 6.0, {"at_input": 0.0}, end_step=39, rank=rank))
     losses = [0.7 * 0.97 ** i for i in range(20)] + [float("nan")] * 20
-    tr = Trace(events=tuple(ev), layers=_layers(), family="mlp", first_step=0, last_step=39,
-               loss=_losses(losses), rank=rank, world_size=2)
+    tr = Trace(events=tuple(ev), layers=small_layers(), family="mlp", first_step=0, last_step=39,
+               loss=loss_summary(losses), rank=rank, world_size=2)
     return export_trace(tr, tmp_path / f"rank{rank}.json")
 
 

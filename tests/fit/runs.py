@@ -1,34 +1,23 @@
 """A tiny benchmark output folder for the prior fitter's tests: records.csv and sessions/ of
 healthy and NaN-batch runs (:func:`runs_dir`)."""
 import csv
-import math
 
 from neuraldbg.events.base import DATA, OPTIMIZER, make_event
 from neuraldbg.session import export_trace
-from neuraldbg.trace import LayerInfo, LossSummary, Trace
-
-
-def _layers():
-    return (LayerInfo("fc1", "Linear", 0, 2080), LayerInfo("act1", "ReLU", 1, 0), LayerInfo("fc2", "Linear", 2, 130))
-
-
-def _loss(values):
-    finite = [v for v in values if math.isfinite(v)]
-    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
-    return LossSummary(n=len(values), first=values[0], last=values[-1], min=min(finite), n_nonfinite=len(bad),
-                       first_nonfinite_step=bad[0] if bad else None, history=tuple(enumerate(values)))
+from neuraldbg.trace import Trace
+from tests.traces import loss_summary, small_layers
 
 
 def trace_of(kind, seed, family):
     decay = 0.97 + 0.001 * seed
     if kind == "healthy":
-        return Trace(events=(), layers=_layers(), family=family, first_step=0, last_step=59,
-                     loss=_loss([0.7 * decay ** i for i in range(60)]))
+        return Trace(events=(), layers=small_layers(), family=family, first_step=0, last_step=59,
+                     loss=loss_summary([0.7 * decay ** i for i in range(60)]))
     at = 20 + seed
     ev = (make_event(DATA, "nan", "fc1", at, 6.0, {"at_input": 1.0}, end_step=59),
           make_event(OPTIMIZER, "divergence", None, at, 6.0, {"nonfinite": 1.0}, end_step=59))
-    return Trace(events=ev, layers=_layers(), family=family, first_step=0, last_step=59,
-                 loss=_loss([0.7 * decay ** i for i in range(at)] + [float("nan")] * (60 - at)))
+    return Trace(events=ev, layers=small_layers(), family=family, first_step=0, last_step=59,
+                 loss=loss_summary([0.7 * decay ** i for i in range(at)] + [float("nan")] * (60 - at)))
 
 
 def runs_dir(tmp_path, seeds=3, families=("mlp",), code=None):
