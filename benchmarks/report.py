@@ -73,19 +73,13 @@ def _provenance(dir_: Path) -> dict[str, str]:
         except ValueError:
             meta = {}
     return {"commit": commit + dirty, "command": meta.get("command", "python -m benchmarks run ..."),
-            "date": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "host": meta.get("host", ""),
-            "code": code_line(dir_)}
+            "date": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "host": meta.get("host", "")}
 
 
-def code_line(dir_: Path) -> str:
-    """Which code made the records of ``dir_`` (their ``code``, ``neuraldbg/source.py``): one
+def code_line(df: pd.DataFrame) -> str:
+    """Which code made the records of ``df`` (their ``code``, ``neuraldbg/source.py``): one
     version, several (a folder resumed with ``--keep-stale``), or not said (older records)."""
-    import pandas as pd
-
-    try:
-        codes = pd.read_csv(dir_ / "records.csv", usecols=["code"], dtype={"code": str})["code"]
-    except (OSError, ValueError):  # no records.csv, or one written before the column
-        codes = pd.Series([], dtype=str)
+    codes = df["code"] if "code" in df.columns else pd.Series([], dtype=str)
     if codes.isna().all():
         return "The records do not say which code made them."
     counts = codes.fillna("not said").value_counts()
@@ -97,9 +91,10 @@ def code_line(dir_: Path) -> str:
 
 
 def render(res: Mapping[str, Any], dir_: Path, images: Sequence[str], img_prefix: str = "",
-           headline: str = "", more: Sequence[str] = (), others: Sequence[Path] = ()) -> str:
+           headline: str = "", more: Sequence[str] = (), others: Sequence[Path] = (), code: str = "") -> str:
     """The REPORT.md text: provenance, the ``headline`` (the suites side by side), the sections
-    of ``res`` (one suite's :func:`evaluate`), then ``more`` (other suites' sections);
+    of ``res`` (one suite's :func:`evaluate`), then ``more`` (other suites' sections); ``code``: the
+    line of :func:`code_line` on every folder's records;
     ``others``: further folders the report read."""
     prov = _provenance(dir_)
     parts = [
@@ -107,7 +102,7 @@ def render(res: Mapping[str, Any], dir_: Path, images: Sequence[str], img_prefix
         f"Produced by `{prov['command']}` then `python -m benchmarks report "
         f"{' '.join(str(d) for d in (dir_, *others))}` at commit "
         f"`{prov['commit']}`, {prov['date']}{(', on ' + prov['host']) if prov['host'] else ''}. "
-        f"{prov['code']}\n",
+        f"{code}\n",
     ]
     if headline:
         parts.append(headline)
@@ -264,6 +259,7 @@ def write_report(dir_: str | Path | Sequence[str | Path], publish: str | Path | 
     if len(df) == 0:
         raise ValueError(f"no benchmark records in {', '.join(map(str, dirs))}")
     df["suite"] = _suite_column(df)
+    code = code_line(df)  # every folder's records, read once
     names = sorted(df["suite"].unique(), key=lambda s: (s != LEGACY_SUITE, s))
     results = {}
     for name in names:
@@ -295,7 +291,7 @@ def write_report(dir_: str | Path | Sequence[str | Path], publish: str | Path | 
             more += (sections(results[n], images[n], prefix, level=3) if results[n]["n_runs"]
                      else [f"_all {results[n]['n_records']} runs errored_\n"])
         return render(res, out, images[main_name], prefix, headline=head.replace("{prefix}", prefix), more=more,
-                      others=dirs[1:])
+                      others=dirs[1:], code=code)
 
     path = out / "REPORT.md"
     path.write_text(text())

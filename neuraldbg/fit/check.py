@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping
 
 from neuraldbg.fit.cases import Run, inputs_hash, load_runs, other_code
 from neuraldbg.source import code_version
-from neuraldbg.vocab import FAMILIES
+from neuraldbg.vocab import FAMILIES, validate_family
 
 #: the statuses of :class:`PriorCheck`
 CURRENT, STALE, HAND_SET, MISSING = "current", "stale", "hand-set", "runs missing"
@@ -67,10 +67,7 @@ def check_priors(runs: str | os.PathLike | Iterable[Run], families: Iterable[str
     it was fitted on exactly the evidence this code records (:func:`check_family`)."""
     from neuraldbg.causal.priors import load_priors
 
-    fams = list(FAMILIES if families is None else families)
-    bad = [f for f in fams if f not in FAMILIES]
-    if bad:
-        raise ValueError(f"unknown families {bad}; valid: {', '.join(FAMILIES)}")
+    fams = list(FAMILIES) if families is None else [validate_family(f) for f in families]
     all_runs = load_runs(runs)
     out = []
     for f in fams:

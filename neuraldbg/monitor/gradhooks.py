@@ -342,7 +342,6 @@ def _graph_task_id() -> int:
         return -1
 
 
-
 def _will_run(node: Any) -> bool:
     """Whether the running backward pass will run ``node`` (an accumulation node)."""
     return torch._C._will_engine_execute_node(node)

@@ -41,14 +41,17 @@ def test_report_writes_markdown_plots_and_goals(bench_dir, capsys):
 def test_the_report_says_which_code_made_its_records(bench_dir):
     from neuraldbg.source import code_version
 
-    assert R.code_line(bench_dir) == f"Every record was made by code `{code_version()}` (`neuraldbg/source.py`)."
+    one = f"Every record was made by code `{code_version()}` (`neuraldbg/source.py`)."
+    assert R.code_line(H.load_records(bench_dir)) == one
+    assert cli(["report", str(bench_dir), "--null-draws", "200"]) == 0
+    assert one in (bench_dir / "REPORT.md").read_text()
     path = next((bench_dir / "records").glob("*.json"))
     rec = json.loads(path.read_text())
     rec["code"] = "0123456789ab"
     path.write_text(json.dumps(rec))
-    H.collect(bench_dir)
-    assert "made by 2 versions of the code" in R.code_line(bench_dir) and "`0123456789ab` 1" in R.code_line(bench_dir)
-    assert R.code_line(bench_dir / "nowhere") == "The records do not say which code made them."
+    line = R.code_line(H.collect(bench_dir))
+    assert "made by 2 versions of the code" in line and "`0123456789ab` 1" in line
+    assert R.code_line(H.load_records(bench_dir).drop(columns="code")) == "The records do not say which code made them."
 
 
 def test_evaluate_counts_and_scores(bench_dir):
