@@ -106,11 +106,15 @@ class DetectorConfig:
 
     # -- cost on deep models --------------------------------------------------------------
     #: monitored modules (counted on entry) above which each checked step measures the
-    #: outputs of one rotating share of at most this many modules (ceil(n / this) shares,
-    #: every module within that many checks; parameter gradients stay measured on every
-    #: check). Above every zoo and ecosystem model (the largest has 201 modules), so their
-    #: detection is unchanged; the added detection delay is in docs/overhead.md
-    rotate_modules_above: int = 512
+    #: outputs of one rotating share of the modules: ceil(n / this) shares, at most
+    #: rotation_max_shares, so every module is measured within that many checks (parameter
+    #: gradients stay measured on every check). It bounds a check's per-module work (about
+    #: 15 us per module on a CPU) where modules are many; the detection delay it adds is in
+    #: docs/events.md ("Deep models")
+    rotate_modules_above: int = 64
+    #: the most rotating shares: above rotate_modules_above x this many modules, the shares
+    #: grow instead of their number, so a layer is never unobserved for more checks than this
+    rotation_max_shares: int = 4
     #: trainable parameters (counted on entry) above which a module's parameters share one
     #: gradient hook, on its first parameter, and the others' gradients are read when the
     #: backward pass ends: every hooked parameter costs each backward pass, checked or not, a

@@ -6,7 +6,7 @@ online so that a 20,000-step run keeps one record per episode, not one per step.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from neuraldbg.events.base import Event
 
@@ -71,11 +71,16 @@ class EventLog:
     A hit merged into an open run updates that run's last step, count and severity in place;
     the merged :class:`Event` (what :func:`merge` of every hit in turn gives) is made when
     ``events`` is read, so a condition that persists costs no object per hit.
+
+    ``gaps`` overrides ``gap`` per event type: a layer statistic read once every few checks
+    (rotating shares of a deep model's outputs) repeats that many checks apart, and must still
+    merge into one run.
     """
 
     def __init__(self, gap: int, layer_index: Callable[[str | None], int | None] | None = None,
-                 max_episodes: int = MAX_EPISODES) -> None:
+                 max_episodes: int = MAX_EPISODES, gaps: Mapping[str, int] | None = None) -> None:
         self.gap = gap
+        self.gaps = dict(gaps or {})
         self.layer_index = layer_index
         self.max_episodes = max_episodes
         self._events: list[Event] = []   # each run's event as last read (its first hit until merged)
@@ -90,7 +95,8 @@ class EventLog:
         idx = self._open.get(key)
         if idx is not None:
             run = self._runs[idx]
-            if ev.step <= run[0] + self.gap or self._episodes[key] >= self.max_episodes:
+            gap = self.gaps.get(ev.type, self.gap) if self.gaps else self.gap
+            if ev.step <= run[0] + gap or self._episodes[key] >= self.max_episodes:
                 # merge(): the later end, the counts added, the larger severity (max's tie rule)
                 if ev.end_step > run[0]:
                     run[0] = ev.end_step

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from neuraldbg.events.base import Event
+from neuraldbg.events.base import ACTIVATION, Event
 from neuraldbg.events.compress import EventLog
 from neuraldbg.events.registry import DetectorContext, build_detectors
 from neuraldbg.events.stepstats import StepStats
@@ -31,7 +31,12 @@ class EventFeed:
         self._grad_steps = 0    # of which with parameter gradients
         self._detectors = None  # built at the first step read (the forward order is known then)
         self._loss_readers: list = []
-        self._log = EventLog(gap=self.config.collapse_gap_checks * self.every, layer_index=self._layer_index)
+        gap = self.config.collapse_gap_checks * self.every
+        # a rotated model reads each layer's outputs once every `shares` checks: the activation
+        # regime of a layer repeats that far apart and is still one episode
+        shares = self._hooks.shares
+        self._log = EventLog(gap=gap, layer_index=self._layer_index,
+                             gaps={ACTIVATION: gap * shares} if shares > 1 else None)
         self._loss = LossHistory()
         self._first_step: int | None = None
         self._last_step = 0

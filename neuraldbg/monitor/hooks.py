@@ -83,7 +83,7 @@ class ModuleHooks(GradientHooks):
         self.modules = monitored_modules(root)
         #: rotating shares of the output hooks (1: every module on every checked step), fixed
         #: on entry from the module count (DetectorConfig.rotate_modules_above)
-        self.shares = rotation_shares(len(self.modules), config.rotate_modules_above)
+        self.shares = rotation_shares(len(self.modules), config.rotate_modules_above, config.rotation_max_shares)
         self._init_gradients(root, config)
         self._n_out_hooks = 0  # output hooks registered so far (the next one's share)
         self.kinds = {name: S.activation_kind(m) for name, m in self.modules}
@@ -401,8 +401,8 @@ class ModuleHooks(GradientHooks):
 
 # ---- helpers --------------------------------------------------------------------------
 
-def rotation_shares(n_modules: int, above: int) -> int:
+def rotation_shares(n_modules: int, above: int, most: int) -> int:
     """How many rotating shares the output hooks of ``n_modules`` monitored modules are split
     into: 1 (every module on every checked step) up to ``above`` modules, else the fewest
-    shares of at most ``above`` modules each."""
-    return 1 if n_modules <= above else -(-n_modules // above)
+    shares of at most ``above`` modules each, but never more than ``most``."""
+    return 1 if n_modules <= above else min(most, -(-n_modules // above))

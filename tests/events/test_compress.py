@@ -40,6 +40,17 @@ def test_collapse_merges_runs_and_splits_gaps():
     assert [(e.step, e.end_step, e.count, e.severity) for e in out] == [(1, 3, 3, 3.0), (10, 10, 1, 10.0)]
 
 
+def test_a_per_type_gap_merges_that_type_only():
+    """Rotating shares read a layer's outputs every few checks: its activation regime repeats
+    that far apart, while gradients, read on every check, keep the common gap."""
+    log = EventLog(gap=1, gaps={ACTIVATION: 4})
+    for s in (0, 4, 8):
+        log.add(Event(ACTIVATION, "dead", "a", s))
+        log.add(Event(GRADIENT, "vanishing", "a", s))
+    got = sorted((e.type, e.step, e.count) for e in log.events)
+    assert got == [(ACTIVATION, 0, 3), (GRADIENT, 0, 1), (GRADIENT, 4, 1), (GRADIENT, 8, 1)]
+
+
 def test_compress_propagation_follows_layer_order_on_ties():
     evs = [Event(GRADIENT, "vanishing", "out", 5), Event(GRADIENT, "vanishing", "in", 5),
            Event(GRADIENT, "vanishing", "mid", 7), Event(DATA, "nan", "in", 9)]

@@ -300,25 +300,56 @@ def stack_run(n_blocks, steps, every=1, **config):
     dbg._transfer._consume = lambda st: (seen.append(st), orig(st))
     with dbg:
         n_hooks = sum(len(handles) - 1 for _, handles in dbg._hooks.hooked.values())  # less the output hook
-        for _ in range(steps):
-            x = torch.randn(16, 8, generator=gen)
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), x[:, :3].argmax(dim=1))
-            loss.backward()
-            dbg.record_loss(loss)
-            opt.step()
+        train_steps(model, opt, dbg, steps, gen)
     return dbg, [st for st in seen if st.names], n_hooks
 
 
-def rotated_run(n_blocks, above, steps, every=1):
-    return stack_run(n_blocks, steps, every, rotate_modules_above=above)[:2]
+def train_steps(model, opt, dbg, steps, gen):
+    """``steps`` steps of the stack on random 8-feature inputs, each loss recorded in ``dbg``."""
+    for _ in range(steps):
+        x = torch.randn(16, 8, generator=gen)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), x[:, :3].argmax(dim=1))
+        loss.backward()
+        dbg.record_loss(loss)
+        opt.step()
+
+
+def rotated_run(n_blocks, above, steps, every=1, most=4):
+    return stack_run(n_blocks, steps, every, rotate_modules_above=above, rotation_max_shares=most)[:2]
+
+
+def test_rotation_shares_grow_in_number_then_in_size():
+    from neuraldbg.monitor.hooks import rotation_shares
+
+    assert [rotation_shares(n, 64, 4) for n in (7, 64, 65, 128, 129, 201, 1001)] == [1, 1, 2, 2, 3, 4, 4]
+    dbg, checked = rotated_run(10, above=4, steps=6, most=3)  # 21 modules: 3 shares of 7, not 6 of 4
+    assert dbg._hooks.shares == 3
+    assert all(st.has_out.sum() == 7 for st in checked[1:])
+
+
+def test_a_rotated_layer_that_stays_dead_is_one_episode():
+    """Regression: with more shares than DetectorConfig.collapse_gap_checks, a dead layer (seen once
+    every 4 checks) was logged as a new episode at every sighting; now it is one run."""
+    from neuraldbg.config import DetectorConfig
+
+    model = stack(10)
+    with torch.no_grad():
+        model[4].bias.fill_(-100.0)  # the ReLU after it never fires
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(0)
+    with NeuralDbg(model, config=DetectorConfig(rotate_modules_above=4, rotation_max_shares=4)) as dbg:
+        assert dbg._hooks.shares == 4
+        train_steps(model, opt, dbg, 60, gen)
+    dead = [e for e in dbg.events if e.kind == "dead" and e.layer == "5"]
+    assert len(dead) == 1 and dead[0].step == 0 and dead[0].count > 10
 
 
 def test_output_statistics_rotate_above_the_module_count_and_cover_every_layer():
     from neuraldbg.monitor.hooks import rotation_shares
 
     dbg, checked = rotated_run(10, above=8, steps=7)  # 21 modules: 3 shares of at most 8
-    assert dbg._hooks.shares == rotation_shares(21, 8) == 3
+    assert dbg._hooks.shares == rotation_shares(21, 8, 4) == 3
     names = set(checked[0].names)
     assert len(names) == 21 and checked[0].has_out.all()  # the first check measures every module
     for k in range(1, len(checked) - 2):  # then every 3 consecutive checks cover every module
