@@ -114,6 +114,7 @@ class DetectorConfig:
     rotate_modules_above: int = 64
     #: the most rotating shares: above rotate_modules_above x this many modules, the shares
     #: grow instead of their number, so a layer is never unobserved for more checks than this
+    #: (1: every module on every check, whatever the model's size)
     rotation_max_shares: int = 4
     #: trainable parameters (counted on entry) above which a module's parameters share one
     #: gradient hook, on its first parameter, and the others' gradients are read when the

@@ -323,6 +323,7 @@ def test_rotation_shares_grow_in_number_then_in_size():
     from neuraldbg.monitor.hooks import rotation_shares
 
     assert [rotation_shares(n, 64, 4) for n in (7, 64, 65, 128, 129, 201, 1001)] == [1, 1, 2, 2, 3, 4, 4]
+    assert rotation_shares(1001, 64, 1) == 1  # rotation_max_shares=1: every module on every check
     dbg, checked = rotated_run(10, above=4, steps=6, most=3)  # 21 modules: 3 shares of 7, not 6 of 4
     assert dbg._hooks.shares == 3
     assert all(st.has_out.sum() == 7 for st in checked[1:])
