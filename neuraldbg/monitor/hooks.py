@@ -114,6 +114,10 @@ class ModuleHooks(GradientHooks):
         guard_compiled_hooks()
         if parallel:
             self.use_param_hooks("data-parallel training (a rank's own gradient is final before any reduction)")
+        if self.shares > 1:
+            self._report(("shares",), f"{len(self.modules)} monitored modules: their outputs are measured in "
+                         f"{self.shares} rotating shares, each layer once every {self.shares} checks (parameter "
+                         "gradients on every check; DetectorConfig.rotate_modules_above)", level=logging.INFO)
         self.handles.append(self.root.register_forward_pre_hook(self._on_input, with_kwargs=True))
         # the end of the root's forward measures the outputs held (checked steps only)
         h = self.root.register_forward_hook(self._on_root_output)

@@ -363,6 +363,18 @@ def test_output_statistics_rotate_above_the_module_count_and_cover_every_layer()
     assert [layer.name for layer in dbg.layers()] == [str(i) for i in range(21)]
 
 
+def test_the_rotation_is_logged_on_entry(caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="neuraldbg"):
+        rotated_run(10, above=8, steps=1)
+    assert "21 monitored modules: their outputs are measured in 3 rotating shares" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="neuraldbg"):
+        rotated_run(10, above=21, steps=1)
+    assert "rotating shares" not in caplog.text
+
+
 def test_no_rotation_up_to_the_threshold():
     dbg, checked = rotated_run(10, above=21, steps=4)
     assert dbg._hooks.shares == 1 and all(st.has_out.all() for st in checked)
