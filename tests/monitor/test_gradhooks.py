@@ -11,7 +11,7 @@ from neuraldbg import NeuralDbg
 from neuraldbg.config import DetectorConfig
 from neuraldbg.monitor.gradhooks import MAX_OUTPUT_HOOKS, _grad_tensors
 from tests.monitor.measurements.test_loop import GAN
-from tests.monitor.test_hooks import micro_batch_run, stack, stack_run
+from tests.monitor.test_hooks import micro_batch_run, stack, stack_run, train_steps
 
 
 def monitored(model, every=1, **config):
@@ -31,13 +31,7 @@ def classify(model, dbg, steps, call=None):
     gen = torch.Generator().manual_seed(0)
     call = model if call is None else call
     with dbg:
-        for _ in range(steps):
-            x = torch.randn(8, 8, generator=gen)
-            opt.zero_grad()
-            loss = F.cross_entropy(call(x), x[:, :3].argmax(dim=1))
-            loss.backward()
-            dbg.record_loss(loss)
-            opt.step()
+        train_steps(call, opt, dbg, steps, gen, batch=8)
     return dbg
 
 

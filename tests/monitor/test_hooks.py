@@ -304,12 +304,13 @@ def stack_run(n_blocks, steps, every=1, **config):
     return dbg, [st for st in seen if st.names], n_hooks
 
 
-def train_steps(model, opt, dbg, steps, gen):
-    """``steps`` steps of the stack on random 8-feature inputs, each loss recorded in ``dbg``."""
+def train_steps(call, opt, dbg, steps, gen, batch=16):
+    """``steps`` steps on random 8-feature batches (each row's class the largest of its first three
+    inputs), ``call`` running the forward and each loss recorded in ``dbg``."""
     for _ in range(steps):
-        x = torch.randn(16, 8, generator=gen)
+        x = torch.randn(batch, 8, generator=gen)
         opt.zero_grad()
-        loss = F.cross_entropy(model(x), x[:, :3].argmax(dim=1))
+        loss = F.cross_entropy(call(x), x[:, :3].argmax(dim=1))
         loss.backward()
         dbg.record_loss(loss)
         opt.step()
