@@ -67,6 +67,10 @@ def evaluate(df: pd.DataFrame, null_draws: int = 2000, seed: int = 0) -> dict[st
     res["n_errors"] = int(len(df) - len(good))
     res["errors"] = (df.loc[~df["error"].map(M.is_missing).to_numpy(dtype=bool), ["key", "error"]]
                      if "error" in df.columns else pd.DataFrame(columns=["key", "error"]))
+    # runs that ran otherwise than written (a CPU fallback) are scored, and listed with why
+    noted = df["note"].map(lambda v: not M.is_missing(v) and str(v) != "") if "note" in df.columns else None
+    res["notes"] = (df.loc[noted.to_numpy(dtype=bool), ["key", "note"]] if noted is not None
+                    else pd.DataFrame(columns=["key", "note"]))
     labels = M.labels_from_columns(good.columns)
     res["labels"] = labels
     y_lab = M.true_labels(good) if len(good) else pd.Series([], dtype=object)

@@ -33,12 +33,14 @@ API_COLUMNS: tuple[str, ...] = (
     "seconds", "seconds_bare",
 ) + tuple(posterior_columns())
 #: Further columns every record carries (new ones last: earlier columns keep their positions);
-#: ``code`` is the hash of the code that made the record (:func:`neuraldbg.source.code_version`).
+#: ``code`` is the hash of the code that made the record (:func:`neuraldbg.source.code_version`);
+#: ``note`` says what ran otherwise than written, and why (``RunResult.notes``: an LSTM in float32
+#: on a CPU without bf16 LSTM kernels), empty when everything ran as written.
 EXTRA_COLUMNS: tuple[str, ...] = (
     "key", "n_hypotheses", "hypotheses", "posterior", "n_events", *(f"events_{k}" for k in ALL_EVENT_KINDS),
     "first_event_kind", "first_event_layer", "first_event_step", "loss_first", "loss_last",
     "loss_nonfinite", "baseline_first_event", "baseline_threshold_rules", "rules_fired",
-    "timing_order", "steps_requested", "session", "harness_seconds", "error", "suite", "code",
+    "timing_order", "steps_requested", "session", "harness_seconds", "error", "suite", "code", "note",
 )
 RECORD_COLUMNS: tuple[str, ...] = API_COLUMNS + EXTRA_COLUMNS
 #: Columns of ``run --verify`` (docs/verification.md): the top hypothesis and posterior after
@@ -54,8 +56,8 @@ TEXT_COLUMNS: tuple[str, ...] = (
     "arch", "family", "injection", "true_cause", "true_state", "pred_cause", "pred_state", "origin_layer",
     "true_layer", "key", "hypotheses", "posterior", "first_event_kind", "first_event_layer",
     "baseline_first_event", "baseline_threshold_rules", "rules_fired", "timing_order", "session", "error",
-    "traceback", "suite", "code", "verified_pred_cause", "verified_pred_state", "verify_tests", "verify_joint_before",
-    "verify_error",
+    "traceback", "suite", "code", "note", "verified_pred_cause", "verified_pred_state", "verify_tests",
+    "verify_joint_before", "verify_error",
 )
 #: Columns holding whole numbers (possibly missing).
 INT_COLUMNS: tuple[str, ...] = (
@@ -95,6 +97,7 @@ def fill_run(rec: dict[str, Any], res: Any) -> None:
         rec["true_layer"] = res.layer
     rec["seconds"] = float(res.wall_time)
     rec["steps"] = int(res.steps)
+    rec["note"] = "; ".join(getattr(res, "notes", ()) or ())
     losses = list(getattr(res, "losses", []) or [])
     if losses:
         rec["loss_first"] = _finite_or_none(losses[0])

@@ -165,6 +165,9 @@ def sections(res: Mapping[str, Any], images: Sequence[str], img_prefix: str = ""
     ]
     if len(res["errors"]):
         parts += ["## Errored runs\n", _md_table(res["errors"], index=False)]
+    if len(res.get("notes", ())):
+        parts += ["## Runs with a note (scored above; what ran otherwise than written)\n",
+                  _md_table(res["notes"], index=False)]
     if images:
         parts.append("## Plots\n")
         parts += [f"![{Path(i).stem}]({img_prefix}{i})\n" for i in images]

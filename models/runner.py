@@ -64,6 +64,9 @@ class RunResult:
     #: ``replay(model, optimizer, step) -> loss``: one training step of this run, for
     #: ``result.dbg.verify(result.replay)`` (monitor with ``snapshots=True``; docs/verification.md)
     replay: Any = None
+    #: what ran otherwise than written, and why (a CPU without a kernel the run asks for, say):
+    #: ``records.csv``'s ``note`` column
+    notes: tuple[str, ...] = ()
 
     def series(self, name: str = "loss") -> list[float]:
         """Values of ``loss`` (every step) or of a signal (its measured steps)."""

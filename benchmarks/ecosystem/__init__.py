@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.ecosystem import diffusion, graph, hf, lora, plain
+from benchmarks.ecosystem import cpu, diffusion, graph, hf, lora, plain
 from benchmarks.ecosystem.injections import FAULTS, Fault, Injection, bind, faults_of
 from benchmarks.ecosystem.training import (CLIP_NORM, Build, EcoArch, accumulation_of, adamw, precision_of,
                                            torch_scheduler, warmup_steps)
@@ -203,6 +203,7 @@ def run(arch: str, injection: Any = "healthy", seed: int = 0, steps: int | None 
         metrics={"bf16": float(bf16), "accumulation": float(accum),
                  "trainable_parameters": float(sum(p.numel() for p in params))},
         replay=None if cached is None else _replay(task, fault, sched, params, cached, bf16, accum),
+        notes=cpu.fallback_notes(task.model, bf16),
     )
 
 

@@ -45,3 +45,18 @@ def test_ecosystem_records_have_the_api_schema_and_the_suite(bench):
             assert (r["true_cause"], r["true_state"]) == ("learning_rate", "too_low")
             assert int(r["true_onset"]) == 0
         json.loads(r["hypotheses"])
+    assert (df["note"] == "").all()  # seed 0 trains in float32: nothing ran otherwise than written
+
+
+def test_a_run_without_a_bf16_lstm_kernel_is_recorded_with_its_note(tmp_path, monkeypatch):
+    """The probe forced to "missing": the bf16 run (seed 1) of the LSTM trains in float32 and its
+    record says so; the float32 run (seed 0) has no note; neither failed."""
+    from benchmarks.ecosystem import cpu
+
+    monkeypatch.setattr(cpu, "bf16_lstm", lambda: False)
+    rc = cli(["run", "--suite", "ecosystem", "--arch", "torch_lstm", "--injection", "healthy", "--healthy-seeds", "2",
+              "--steps", "12", "--workers", "0", "--out", str(tmp_path), "--no-progress"])
+    assert rc == 0
+    df = pd.read_csv(tmp_path / "records.csv", keep_default_na=False).set_index("seed")
+    assert (df["error"] == "").all()
+    assert df.loc[0, "note"] == "" and df.loc[1, "note"] == cpu.LSTM_FP32

@@ -54,6 +54,22 @@ def test_the_report_says_which_code_made_its_records(bench_dir):
     assert R.code_line(H.load_records(bench_dir).drop(columns="code")) == "The records do not say which code made them."
 
 
+def test_a_run_with_a_note_is_scored_and_listed_with_it(bench_dir):
+    """A run that ran otherwise than written (a CPU fallback) is neither dropped nor silent."""
+    before = R.evaluate(H.load_records(bench_dir), null_draws=100)
+    path = next(p for p in sorted((bench_dir / "records").glob("*.json")) if not json.loads(p.read_text())["error"])
+    rec = json.loads(path.read_text())
+    rec["note"] = "nn.LSTM ran in float32"
+    path.write_text(json.dumps(rec))
+    H.collect(bench_dir)
+    res = R.evaluate(H.load_records(bench_dir), null_draws=100)
+    assert res["n_runs"] == before["n_runs"] and res["notes"].to_dict("records") == [
+        {"key": rec["key"], "note": "nn.LSTM ran in float32"}]
+    assert cli(["report", str(bench_dir), "--null-draws", "200"]) == 0
+    text = (bench_dir / "REPORT.md").read_text()
+    assert "## Runs with a note" in text and rec["key"] in text.split("## Runs with a note")[1]
+
+
 def test_evaluate_counts_and_scores(bench_dir):
     res = R.evaluate(H.load_records(bench_dir), null_draws=100)
     assert res["n_runs"] == 2 * (9 + 6) and res["n_healthy"] == 18
