@@ -51,9 +51,11 @@ def priors_block(priors: Any, family: str) -> dict:
     return block
 
 
-def trace_to_dict(trace: Trace, *, config: dict | None = None, priors: Any = None) -> dict:
+def trace_to_dict(trace: Trace, *, config: dict | None = None, priors: Any = None,
+                  embed_priors: bool = True) -> dict:
     """The JSON document of a trace (see ``docs/session_format.md``). ``priors`` (a path, a
-    ``Priors`` or None for the family's shipped priors) is embedded in the document."""
+    ``Priors`` or None for the family's shipped priors) is embedded in the document;
+    ``embed_priors=False`` leaves ``priors`` null (read back as the family's shipped priors)."""
     from neuraldbg import __version__
 
     doc = encode_nonfinite({
@@ -77,7 +79,8 @@ def trace_to_dict(trace: Trace, *, config: dict | None = None, priors: Any = Non
         "gaps": trace.signatures.gaps(),
         "internal_errors": trace.internal_errors,
     })
-    doc["priors"] = priors_block(priors, trace.family)
+    if embed_priors:
+        doc["priors"] = priors_block(priors, trace.family)
     return doc
 
 

@@ -3,6 +3,8 @@
 Two gloo processes on CPU (torch.multiprocessing spawn) run three scenarios in one process
 group, to pay the start-up once: healthy, NaN input on rank 1 only, learning rate too high.
 """
+import dataclasses
+import pickle
 import socket
 
 import pytest
@@ -185,16 +187,17 @@ class _Store:
         return self.d.pop(k, None) is not None
 
 
-def _trace(rank, steps=10):
+def _trace(rank, steps=10, world=2):
     from neuraldbg.trace import LayerInfo
     from tests.tiny import make_trace
 
     return make_trace([ev(GRADIENT, "exploding", "fc", 3, rank)], (LayerInfo("fc", "Linear", 0, 10),),
-                      [1.0] * steps, sigs={"every": 1}, rank=rank, world_size=2)
+                      [1.0] * steps, sigs={"every": 1}, rank=rank, world_size=world)
 
 
 def test_live_merge_gathers_on_rank_0_like_merge_traces():
-    from neuraldbg.distributed import LiveMerge, merge_traces
+    from neuraldbg.distributed import merge_traces
+    from neuraldbg.monitor.livemerge import LiveMerge
 
     store = _Store()
     r0, r1 = LiveMerge(store, 0, 2, 5.0), LiveMerge(store, 1, 2, 5.0)
@@ -208,7 +211,7 @@ def test_live_merge_gathers_on_rank_0_like_merge_traces():
 def test_live_merge_names_a_silent_rank_from_its_last_autosave(tmp_path, caplog):
     import time
 
-    from neuraldbg.distributed import LiveMerge
+    from neuraldbg.monitor.livemerge import LiveMerge
     from neuraldbg.session import export_trace
 
     store = _Store()
@@ -235,12 +238,164 @@ def test_live_merge_does_not_wait_out_the_timeout_for_a_rank_without_a_monitor()
     entry grace instead of waiting the whole ``merge_timeout``."""
     import time
 
-    from neuraldbg.distributed import ENTRY_GRACE, LiveMerge
+    from neuraldbg.monitor.livemerge import ENTRY_GRACE, LiveMerge
 
     t0 = time.monotonic()
     merged = LiveMerge(_Store(), 0, 2, 30.0).finish(_trace(0))
     assert time.monotonic() - t0 < ENTRY_GRACE + 1.0
     assert merged.signatures.as_dict()["unobserved_ranks"] == "rank 1 from its start on (it entered no monitor)"
+
+
+def _rich_trace(rank, world=3):
+    """A rank's trace holding every part the merge reads: events with values, layers with a
+    role, a loss with a non-finite value, signatures with their steps, gaps, internal errors."""
+    from neuraldbg.trace import LayerInfo, Signatures
+    from tests.tiny import make_trace
+
+    layers = (LayerInfo("fc1", "Linear", 0, 80), LayerInfo("norm", "LayerNorm", 1, 32, role="norm"),
+              LayerInfo("fc2", "Linear", 2, 99))
+    events = [ev(GRADIENT, "exploding", "fc1", 3, rank, grad_norm=12.5),
+              ev(DATA, "nan", "fc1", 5 + 3 * rank, rank, at_input=1.0)]  # rank-local: 3 steps apart
+    t = make_trace(events, layers, [2.0, 1.5, float("inf"), 1.25] * 3, rank=rank, world_size=world,
+                   sigs={"every": 1, "step_ratio_median": 0.01 * (rank + 1), "lr_peak": 0.1},
+                   sig_steps={"step_ratio_median": 4}, internal_errors=rank)
+    sigs = Signatures(t.signatures.as_dict(), t.signatures.steps(), {"reference_tail": "no reference loss"})
+    return dataclasses.replace(t, signatures=sigs)
+
+
+def _live(store, world, timeout=5.0):
+    """Every rank's live merge of one monitor (one process plays them all here)."""
+    from neuraldbg.monitor.livemerge import LiveMerge
+
+    merges = [LiveMerge(store, r, world, timeout) for r in range(world)]
+    for m in merges[1:]:
+        m.prefix = merges[0].prefix
+    return merges
+
+
+def test_a_trace_crosses_the_store_as_json_without_priors_and_merges_as_before(tmp_path):
+    import json
+
+    from neuraldbg.distributed import merge_traces
+    from neuraldbg.session import load_session
+
+    store = _Store()
+    r0, r1, r2 = _live(store, 3)
+    assert r1.finish(_rich_trace(1)) is None and r2.finish(_rich_trace(2)) is None
+    raw = store.d[r1.prefix + "trace/1"]
+    doc = json.loads(raw.decode("utf-8"))  # the session document, not a pickle
+    assert doc["schema"] == "neuraldbg.session" and doc["priors"] is None and doc["rank"] == 1
+    (tmp_path / "rank1.json").write_bytes(raw)  # a valid session file too, read with the shipped priors
+    assert load_session(tmp_path / "rank1.json").trace() == _rich_trace(1)
+    merged = r0.finish(_rich_trace(0))
+    assert merged == merge_traces([_rich_trace(r) for r in range(3)])
+    assert merged.signatures.as_dict()["merged_ranks"] == (0, 1, 2)
+    assert "unobserved_ranks" not in merged.signatures.as_dict()
+    assert store.d == {}
+
+
+class _Hostile:
+    """A payload that creates ``marker`` when unpickled: what anyone with store access could send."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+
+        return os.mkdir, (self.marker,)
+
+
+def _payloads(marker):
+    import json
+
+    from neuraldbg.monitor.livemerge import encode_trace
+
+    wrong_shape = json.dumps({"schema": "neuraldbg.session", "version": 4, "family": "mlp"}).encode()
+    return {"malformed": (b"{not json", "not JSON"),
+            "non-UTF-8": (b"\xff\xfe{}", "not UTF-8 JSON"),
+            "wrong schema": (wrong_shape, "not a valid session document"),
+            "another rank's": (encode_trace(_rich_trace(2)), "it is the trace of rank 2"),
+            "another family's": (encode_trace(dataclasses.replace(_rich_trace(1), family="cnn")),
+                                 "it is of family 'cnn'"),
+            "hostile pickle": (pickle.dumps(_Hostile(marker)), "not UTF-8 JSON (a pickle, which is never loaded)"),
+            "hostile pickle, protocol 0": (pickle.dumps(_Hostile(marker), protocol=0), "not JSON")}
+
+
+@pytest.mark.parametrize("kind", ["malformed", "non-UTF-8", "wrong schema", "another rank's", "another family's",
+                                  "hostile pickle", "hostile pickle, protocol 0"])
+def test_a_refused_payload_names_its_rank_unobserved_and_keeps_the_others(kind, tmp_path, caplog):
+    """A payload that is not rank 1's trace of this job is logged, rank 1 is named unobserved,
+    and ranks 0 and 2 are merged; nothing raises into the training loop."""
+    import logging
+
+    from neuraldbg.distributed import merge_traces
+
+    marker = tmp_path / "marker"
+    payload, why = _payloads(marker)[kind]
+    store = _Store()
+    r0, _, r2 = _live(store, 3, timeout=1.0)
+    store.set(r0.prefix + "entered/1", b"1")
+    store.set(r0.prefix + "trace/1", payload)
+    r2.finish(_rich_trace(2))
+    with caplog.at_level(logging.WARNING, logger="neuraldbg"):
+        merged = r0.finish(_rich_trace(0))
+    assert not marker.exists()
+    warning = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("refused rank 1's trace in the process-group store" in m and why in m for m in warning), warning
+    sigs = merged.signatures.as_dict()
+    note = sigs["unobserved_ranks"]
+    assert note.startswith(f"rank 1 from its start on (its trace in the store was refused: {why}"), note
+    assert note.endswith("; no autosave)"), note
+    assert sigs["merged_ranks"] == (0, 2)
+    assert merged == dataclasses.replace(merge_traces([_rich_trace(0), _rich_trace(2)]),
+                                         signatures=merged.signatures)
+    assert [(e.kind, e.step) for e in merged.events if e.rank == 2] == [("nan", 11)]  # rank 2 local event kept
+
+
+def test_a_hostile_payload_in_the_store_runs_no_code(tmp_path):
+    """Rank 0 used to unpickle whatever the store held under a rank's key: a process able to
+    write to the store ran code in rank 0. The payload is now read as JSON and refused."""
+    marker = tmp_path / "marker"
+    payload = pickle.dumps(_Hostile(marker))
+    store = _Store()
+    r0, _ = _live(store, 2, timeout=1.0)
+    store.set(r0.prefix + "entered/1", b"1")
+    store.set(r0.prefix + "trace/1", payload)
+    merged = r0.finish(_rich_trace(0, world=2))
+    assert not marker.exists()
+    assert merged.signatures.as_dict()["unobserved_ranks"].startswith("rank 1 from its start on (its trace in the "
+                                                                      "store was refused: not UTF-8 JSON (a pickle")
+    pickle.loads(payload)  # what the old merge did with it
+    assert marker.exists(), "the payload is hostile: unpickling it creates the marker"
+
+
+def test_a_refused_rank_is_merged_from_its_last_autosave(tmp_path, caplog):
+    from neuraldbg.session import export_trace
+
+    path = export_trace(_rich_trace(1), tmp_path / "rank1.json")
+    store = _Store()
+    r0, _, r2 = _live(store, 3, timeout=1.0)
+    store.set(r0.prefix + "entered/1", b"1")
+    store.set(r0.prefix + "autosave/1", str(path).encode())
+    store.set(r0.prefix + "trace/1", b"{not json")
+    r2.finish(_rich_trace(2))
+    merged = r0.finish(_rich_trace(0))
+    sigs = merged.signatures.as_dict()
+    assert sigs["merged_ranks"] == (0, 1, 2)
+    assert sigs["unobserved_ranks"] == (f"rank 1 from step 11 on (its trace in the store was refused: not JSON; "
+                                        f"its last autosave, {path}, is merged)")
+    assert "refused rank 1's trace" in caplog.text
+    # the autosave path came through the store as well: one that would not merge is refused too
+    other = export_trace(dataclasses.replace(_rich_trace(1), family="cnn"), tmp_path / "other.json")
+    r0, _, r2 = _live(store, 3, timeout=1.0)
+    store.set(r0.prefix + "autosave/1", str(other).encode())
+    store.set(r0.prefix + "trace/1", b"{not json")
+    r2.finish(_rich_trace(2))
+    sigs = r0.finish(_rich_trace(0)).signatures.as_dict()
+    assert sigs["merged_ranks"] == (0, 2)
+    assert sigs["unobserved_ranks"] == (f"rank 1 from its start on (its trace in the store was refused: not JSON; "
+                                        f"its autosave {other} was refused: it is of family 'cnn', not 'mlp')")
 
 
 def test_merge_timeout_is_validated():

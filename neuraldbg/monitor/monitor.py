@@ -21,11 +21,11 @@ from torch import nn
 
 from neuraldbg.causal.priors import as_priors
 from neuraldbg.config import DetectorConfig
-from neuraldbg.distributed import DEFAULT_MERGE_TIMEOUT, LiveMerge
 from neuraldbg.monitor.context import PartContext, Parts
 from neuraldbg.monitor.family import detect_family
 from neuraldbg.monitor.feed import EventFeed
 from neuraldbg.monitor.hooks import ModuleHooks
+from neuraldbg.monitor.livemerge import DEFAULT_MERGE_TIMEOUT, LiveMerge
 from neuraldbg.monitor.lossinput import is_cross_entropy, loss_value
 from neuraldbg.monitor.measurements import parts_for
 from neuraldbg.monitor.measurements.reference import check_reference

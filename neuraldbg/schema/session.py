@@ -73,6 +73,8 @@ def check_session(doc: Any, file: str = "<dict>", *, signature: SignatureCheck |
     pri = doc["priors"]
     if version == 1:
         out["priors"] = c.string(pri, "priors", null=True)
+    elif pri is None:  # none embedded: the family's shipped priors (a trace sent between ranks)
+        out["priors"] = None
     else:
         block = c.obj(pri, "priors", ("source", "fingerprint", "content"))
         c.string(block["source"], "priors.source")
