@@ -1,11 +1,12 @@
 """Every figure under ``docs/``, drawn from today's code: ``make docs-figures``.
 
 A figure that is committed by hand goes stale as soon as the code that draws it changes; this
-script is the one way they are made, and ``tests/report/test_report_browser.py`` checks that
-the committed one matches what it draws now. Today there is one, ``docs/report_example.png``:
-the HTML report of the built-in MLP trained with a learning rate 1000x too high
-(``neuraldbg.examples``: seeded, the same run on every machine), rendered by headless Chromium
-at 1000 CSS pixels wide, the whole page.
+script is the one way they are made. Today there is one, ``docs/report_example.png``: the HTML
+report of the built-in MLP trained with a learning rate 1000x too high (``neuraldbg.examples``:
+seeded, the same run on every machine), rendered by headless Chromium at 1000 CSS pixels wide,
+the whole page. Beside it, ``docs/report_example.sha256`` holds the digest of the HTML it was
+drawn from (:func:`source_digest`): ``make test`` compares it with the report drawn today, no
+browser needed (``tests/report/test_docs_figure.py``), and fails when the figure is stale.
 
 Chromium is the Debian ``chromium`` package (``apt-get install chromium``) or any
 ``chromium``/``google-chrome`` on ``PATH``; the tests use the same helpers.
@@ -13,6 +14,7 @@ Chromium is the Debian ``chromium`` package (``apt-get install chromium``) or an
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -33,6 +35,11 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
          "--hide-scrollbars")
 #: the width of the docs' report figure, in CSS pixels
 FIGURE_WIDTH = 1000
+#: the digest of the HTML the committed figure shows (written with it by :func:`main`)
+DIGEST = DOCS / "report_example.sha256"
+#: a tag, whose decimals (attributes: chart coordinates and sizes) the digest masks, and a decimal
+_TAG = re.compile(r"<[^>]*>")
+_DECIMAL = re.compile(r"-?\d+\.\d+(?:e[-+]?\d+)?")
 
 
 def find_chromium(install: bool = False) -> str | None:
@@ -91,6 +98,24 @@ def report_example(folder: Path) -> Path:
     return Path(run.dbg.report(folder / "report_example.html"))
 
 
+def source_digest(html: str) -> str:
+    """The sha256 of a report's HTML as its figure shows it.
+
+    Text, markup and styles count exactly; the decimals inside tags (chart coordinates) are
+    masked, since the last bits of a float differ between CPUs' kernels while the figure does not
+    change with them. A changed sentence, count, table row, chart element or style changes it.
+    """
+    canonical = _TAG.sub(lambda tag: _DECIMAL.sub("#", tag.group(0)), html)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def committed_digest() -> str | None:
+    """The digest written with the committed figure (None: none written)."""
+    if not DIGEST.exists():
+        return None
+    return DIGEST.read_text(encoding="utf-8").split()[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Write every figure (into ``--out``, by default ``docs/``); 1 without Chromium."""
     parser = argparse.ArgumentParser(prog="docs/figures.py", description=__doc__.split("\n\n")[0])
@@ -104,8 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        png = screenshot(browser, report_example(Path(tmp)), out / "report_example.png", FIGURE_WIDTH)
-    print(f"Wrote {png}")
+        html = report_example(Path(tmp))
+        png = screenshot(browser, html, out / "report_example.png", FIGURE_WIDTH)
+        digest = out / DIGEST.name
+        digest.write_text(f"{source_digest(html.read_text(encoding='utf-8'))}  report_example.html\n",
+                          encoding="utf-8")
+    print(f"Wrote {png} and {digest}")
     return 0
 
 
