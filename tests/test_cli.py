@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from neuraldbg import cli
+from neuraldbg.cli import explain as explain_command
 from neuraldbg.events.base import DATA, GRADIENT, OPTIMIZER, make_event
 from neuraldbg.session import export_trace
 from neuraldbg.trace import Trace
@@ -144,7 +145,7 @@ def test_subcommands_register_their_own_parser():
     assert "explain" in cli.COMMANDS
     parser = cli.build_parser()
     args = parser.parse_args(["explain", "a.json", "--json"])
-    assert args.func is cli.run_explain and args.sessions == ["a.json"]
+    assert args.func is explain_command.run_explain and args.sessions == ["a.json"]
 
 
 def test_module_entry_point_runs_offline(tmp_path):
@@ -235,7 +236,7 @@ def test_a_bug_of_ours_shows_the_traceback_and_asks_for_a_report(tmp_path, capsy
     def broken(args):
         raise KeyError("oops")
 
-    monkeypatch.setattr(cli, "run_explain", broken)
+    monkeypatch.setattr(explain_command, "run_explain", broken)
     assert cli.main(["explain", nan_session(tmp_path)]) == cli.EXIT_BUG == 70
     err = capsys.readouterr().err
     assert "Traceback" in err and "KeyError: 'oops'" in err and "please report it" in err

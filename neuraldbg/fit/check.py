@@ -77,7 +77,7 @@ def check_priors(runs: str | os.PathLike | Iterable[Run], families: Iterable[str
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    """The ``neuraldbg check-priors`` subcommand (registered by ``neuraldbg/cli.py``)."""
+    """The ``neuraldbg check-priors`` subcommand (registered by ``neuraldbg/cli/__init__.py``)."""
     p = sub.add_parser(
         "check-priors", help="check that the prior files were fitted on what this code records",
         description="Select each fitted prior file's training cases (its provenance) from a benchmark folder "

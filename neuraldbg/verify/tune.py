@@ -120,7 +120,7 @@ def fit_file(dirs: Iterable[str | Path], ess: float = DEFAULT_ESS, base: Mapping
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    """The ``neuraldbg tune-verification`` subcommand (registered by ``neuraldbg/cli.py``)."""
+    """The ``neuraldbg tune-verification`` subcommand (registered by ``neuraldbg/cli/__init__.py``)."""
     p = sub.add_parser(
         "tune-verification", help="fit the verification likelihoods to benchmark runs made with --verify",
         description=__doc__.split("\n\n")[0] + " See docs/verification.md.")
