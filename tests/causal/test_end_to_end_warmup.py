@@ -52,6 +52,10 @@ def run(seed, *, lr=3e-2, warmup=0, norm_first=False):
     return dbg, losses
 
 
+def _odds(p):
+    return p / (1 - p)
+
+
 def p_too_high(trace, drop=()):
     net = api.compiled(api.resolve_priors(trace))
     ev = {k: v for k, v in api.evidence(trace).observed.items() if k not in drop}
@@ -67,7 +71,10 @@ def test_no_warm_up_on_a_deep_post_norm_stack_points_at_the_learning_rate(seed):
     ev = api.evidence(tr).observed
     assert ev["warmup"] == "absent" and ev["step_size"] == "normal"
     with_it, without = p_too_high(tr), p_too_high(tr, drop=("warmup",))
-    assert with_it > 0.4 and without < 0.1  # the warm-up reading alone moves it
+    # the warm-up reading alone moves it: a likelihood ratio of its own, whatever else the run
+    # shows (on some CPUs' kernels seed 1 also explodes later, evidence for too_high of its own,
+    # so the posterior without the reading is not near 0 on every machine)
+    assert with_it > 0.4 and _odds(with_it) > 20 * _odds(without)
     hs = dbg.get_causal_hypotheses()
     top = [h for h in hs if (h.cause, h.state) == ("learning_rate", "too_high")]
     assert top and top[0].suggested_fix.startswith("Add warm-up")
