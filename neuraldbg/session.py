@@ -3,8 +3,9 @@
 The schema is documented in ``docs/session_format.md`` and checked by
 :func:`neuraldbg.schema.check_session`. Writes are atomic (temp file in the same folder, then
 ``os.replace``; :mod:`neuraldbg.jsonio`) so a crash never leaves a half-written session. A
-session embeds the priors it was diagnosed with, so it answers the same on any machine;
-reading one never opens another path.
+session names the priors it was diagnosed with, so it answers the same on any machine: the
+family's shipped priors (part of the installed package) by family and fingerprint, any other
+priors embedded whole. Reading one never opens another path.
 """
 from __future__ import annotations
 
@@ -24,24 +25,50 @@ from neuraldbg.trace import LayerInfo, LossSummary, Signatures, Trace
 log = logging.getLogger("neuraldbg")
 
 SCHEMA = SESSION_SCHEMA
-#: Version written; versions 1 (priors named by path), 2 (signatures as ``meta``) and 3 (no gaps
-#: or internal errors) are still read, see load_session.
-SCHEMA_VERSION = 4
+#: Version written; versions 1 (priors named by path), 2 (signatures as ``meta``), 3 (no gaps
+#: or internal errors) and 4 (shipped priors embedded too) are still read, see load_session.
+SCHEMA_VERSION = 5
 _EMBEDDED = " (embedded)"
 #: fingerprint -> (embedded content as read, validated Priors): sessions of one run share them
 _embedded_cache: dict[str, tuple[Any, Any]] = {}
 #: (fingerprint, source) -> the priors block documents embed
 _block_cache: dict[tuple[str, str], dict] = {}
+#: (family, fingerprint) -> the reference documents write (one object, as for blocks)
+_ref_cache: dict[tuple[str, str], dict] = {}
 
 
-def priors_block(priors: Any, family: str) -> dict:
-    """The ``priors`` field of a session: the validated priors themselves, their source (a
-    label, never opened again) and their fingerprint. Built once per prior source and shared
-    by the documents that embed it (autosave builds many): treat it as read-only."""
+def priors_field(priors: Any, family: str) -> dict:
+    """The ``priors`` field a session of ``family`` is written with: a reference
+    ``{"shipped": family, "fingerprint"}`` when ``priors`` (a path, a ``Priors`` or None) are
+    that family's shipped priors, else the embedded block (:func:`priors_block`).
+
+    The shipped files are part of the installed package, so a reference answers the same
+    offline at a fraction of the size (they are most of an embedding session). A user's file
+    is embedded even when it equals the shipped one: it is their pinned choice, which a later
+    version's shipped file must not replace. Treat the result as read-only.
+    """
     from neuraldbg.causal.priors import as_priors, load_priors
 
     pri = as_priors(priors, family) or load_priors(family=family)
-    source = pri.source[:-len(_EMBEDDED)] if pri.source.endswith(_EMBEDDED) else pri.source
+    if pri.shipped and pri.family == family:
+        ref = _ref_cache.get((family, pri.fingerprint))
+        if ref is None:
+            ref = _ref_cache[(family, pri.fingerprint)] = {"shipped": family, "fingerprint": pri.fingerprint}
+        return ref
+    return priors_block(pri, family)
+
+
+def priors_block(priors: Any, family: str) -> dict:
+    """The embedded form of a session's ``priors`` field: the validated priors themselves,
+    their source (a label, never opened again) and their fingerprint. Built once per prior
+    source and shared by the documents that embed it (autosave builds many): treat it as
+    read-only."""
+    from neuraldbg.causal.priors import as_priors, load_priors
+
+    pri = as_priors(priors, family) or load_priors(family=family)
+    # the label without what loading a session added to it (a shipped file's is its name)
+    source = f"{pri.family}.json" if pri.shipped else \
+        pri.source[:-len(_EMBEDDED)] if pri.source.endswith(_EMBEDDED) else pri.source
     block = _block_cache.get((pri.fingerprint, source))
     if block is None:
         if len(_block_cache) >= 64:
@@ -54,7 +81,8 @@ def priors_block(priors: Any, family: str) -> dict:
 def trace_to_dict(trace: Trace, *, config: dict | None = None, priors: Any = None,
                   embed_priors: bool = True) -> dict:
     """The JSON document of a trace (see ``docs/session_format.md``). ``priors`` (a path, a
-    ``Priors`` or None for the family's shipped priors) is embedded in the document;
+    ``Priors`` or None for the family's shipped priors) is recorded in the document: referred
+    to when they are the family's shipped priors, else embedded (:func:`priors_field`);
     ``embed_priors=False`` leaves ``priors`` null (read back as the family's shipped priors)."""
     from neuraldbg import __version__
 
@@ -74,13 +102,13 @@ def trace_to_dict(trace: Trace, *, config: dict | None = None, priors: Any = Non
                  "n_nonfinite": trace.loss.n_nonfinite, "first_nonfinite_step": trace.loss.first_nonfinite_step,
                  "history": [list(p) for p in trace.loss.history]},
         "config": config or {},
-        "priors": None,  # below: already JSON-ready, and the bulk of the document
+        "priors": None,  # below: already JSON-ready (and, when embedded, the bulk of the document)
         "signatures": signatures_to_dict(trace.signatures),
         "gaps": trace.signatures.gaps(),
         "internal_errors": trace.internal_errors,
     })
     if embed_priors:
-        doc["priors"] = priors_block(priors, trace.family)
+        doc["priors"] = priors_field(priors, trace.family)
     return doc
 
 
@@ -116,8 +144,14 @@ def trace_from_dict(doc: Any, source: str = "<dict>") -> tuple[Trace, dict]:
 
 
 def embedded_priors(doc: dict, source: str = "<dict>") -> Any:
-    """The ``Priors`` a checked session document carries (None: the family's shipped priors).
+    """The ``Priors`` a checked session document carries or refers to (None: none named, the
+    family's shipped priors).
 
+    A reference to a family's shipped priors (version 5) gives the installed shipped priors,
+    their source labelled ``"<family>.json (shipped, <fingerprint prefix>)"``. When the installed
+    file's fingerprint differs from the one recorded (a session written by another version),
+    the session still loads with the installed file, and a warning names the session, the
+    family and both fingerprints: the answers may differ from the writer's.
     A version-1 session names a prior *path*; it is never followed (a session must answer the
     same on every machine): a warning is logged and the shipped priors of its family are used.
     ``load_session(path, priors=...)`` or ``neuraldbg explain --priors`` override. Priors written
@@ -134,6 +168,8 @@ def embedded_priors(doc: dict, source: str = "<dict>") -> Any:
                     "the shipped %s priors (pass priors= or --priors to use that file)",
                     source, block, doc.get("family"))
         return None
+    if "shipped" in block:
+        return _shipped_priors(doc, block, source)
     # the very same content as one validated before (compared as JSON text: 1, 1.0 and true
     # differ there, as they do for the checks) need not be validated again
     text = json.dumps(block["content"], sort_keys=True)
@@ -156,6 +192,25 @@ def embedded_priors(doc: dict, source: str = "<dict>") -> Any:
     return dataclasses.replace(pri, source=block["source"] + _EMBEDDED)
 
 
+def _shipped_priors(doc: dict, ref: dict, source: str) -> Any:
+    """The installed shipped priors a reference names, labelled with their fingerprint."""
+    from neuraldbg import __version__
+    from neuraldbg.causal.priors import load_priors
+
+    family, written = ref["shipped"], ref["fingerprint"]
+    pri = load_priors(family=family)
+    label = f"{family}.json (shipped, {pri.fingerprint[:12]})"
+    if pri.fingerprint != written:
+        # another version's shipped file: refusing the session would lose its whole trace, and
+        # the writer's priors are nowhere to be had, so the installed ones answer, said loudly
+        log.warning("neuraldbg: %s was diagnosed with the shipped %s priors of fingerprint %s (neuraldbg %s); "
+                    "this NeuralDBG (%s) ships %s priors of fingerprint %s, which are used instead: the "
+                    "answers may differ from the writer's (pass priors= or --priors to use other priors)",
+                    source, family, written, doc.get("neuraldbg_version"), __version__, family, pri.fingerprint)
+        label = f"{family}.json (shipped, {pri.fingerprint[:12]}; the session names {written[:12]})"
+    return dataclasses.replace(pri, source=label)
+
+
 def export_trace(trace: Trace, path, *, config: dict | None = None, priors: Any = None) -> str:
     """Write ``trace`` to ``path`` atomically; returns the path as a string."""
     return write_json_atomic(path, trace_to_dict(trace, config=config, priors=priors))
@@ -164,7 +219,8 @@ def export_trace(trace: Trace, path, *, config: dict | None = None, priors: Any 
 class Session(CausalQueries):
     """A session read back from disk: the same queries as the live monitor, offline.
 
-    ``priors`` is the ``Priors`` the queries use; by default the ones embedded in ``doc``.
+    ``priors`` is the ``Priors`` the queries use; by default the ones ``doc`` embeds or refers
+    to (:func:`embedded_priors`). ``session.priors.source`` and ``.fingerprint`` name them.
     """
 
     def __init__(self, trace: Trace, doc: dict | None = None, path: str | None = None, priors: Any = None) -> None:
@@ -208,8 +264,9 @@ def save_session(session: Any, path) -> str:
 def load_session(path, priors: Any = None) -> Session:
     """Read a session written by ``export_aquarium_package``.
 
-    Its queries use the priors embedded in the file unless ``priors`` (a prior file path or a
-    ``Priors``) overrides them. A missing or unreadable file raises ``OSError``
+    Its queries use the priors the file embeds, or the installed shipped priors it refers to
+    (with a warning when their fingerprint differs from the recorded one), unless ``priors``
+    (a prior file path or a ``Priors``) overrides them. A missing or unreadable file raises ``OSError``
     (``FileNotFoundError``, ``PermissionError``, ...); any file that is not a valid session
     raises :class:`~neuraldbg.schema.SessionFormatError` (a ``ValueError``) naming the file
     and the field. Nothing named inside the file is ever opened.

@@ -46,9 +46,9 @@ def healthy_session(tmp_path) -> str:
 def test_explain_prints_ranked_hypotheses_and_chain(tmp_path, capsys):
     assert cli.main(["explain", shift_session(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"data is shifted \(p=(0\.9\d|1\.00)\)", out) and "first seen in layer `fc1` at step 30." in out
+    assert re.search(r"data shifted \(p = (0\.9\d|1\.00)\)", out) and "first seen in layer `fc1` at step 30." in out
     assert "fix: Normalize inputs" in out
-    assert re.search(r"exploding_gradients: data=shifted \(p=(0\.9\d|1\.00)\)", out)
+    assert re.search(r"exploding_gradients: data shifted \(p = (0\.9\d|1\.00)\)", out)
     assert "-> shift in fc1 at step 30" in out
     assert "P(healthy) = 0.0" in out and "Posterior:" in out
 
@@ -56,9 +56,9 @@ def test_explain_prints_ranked_hypotheses_and_chain(tmp_path, capsys):
 def test_explain_nan_batch_session(tmp_path, capsys):
     assert cli.main(["explain", nan_session(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "data is corrupted (p=1.00): data anomaly first seen in layer `fc1` at step 30." in out
+    assert "data corrupted (p = 1.00): data anomaly first seen in layer `fc1` at step 30." in out
     assert "fix: Drop or repair the NaN/Inf batch at step 30" in out
-    assert "data_anomaly: data=corrupted (p=1.00) -> nan in fc1 at step 30" in out
+    assert "data_anomaly: data corrupted (p = 1.00) -> nan in fc1 at step 30" in out
     assert re.search(r"P\(healthy\) = 0\.00\d: not healthy", out) and "Posterior:" in out
 
 
@@ -153,7 +153,7 @@ def test_module_entry_point_runs_offline(tmp_path):
     out = subprocess.run([sys.executable, "-m", "neuraldbg.cli", "explain", s], cwd=ROOT,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "data is shifted" in out.stdout
+    assert "data shifted" in out.stdout
 
 
 def _rank_session(tmp_path, rank, nan_input):
@@ -173,7 +173,7 @@ def test_explain_merge_names_the_rank_where_nan_entered(tmp_path, capsys):
     assert cli.main(["explain", "--merge", *paths]) == 0
     out = capsys.readouterr().out
     assert out.count("Session ") == 1  # one merged report, not one per file
-    assert "data is corrupted" in out and "at step 20 on rank 1." in out
+    assert "data corrupted" in out and "at step 20 on rank 1." in out
 
 
 def test_explain_merge_with_a_bad_file_fails_cleanly(tmp_path, capsys):
@@ -242,12 +242,12 @@ def test_a_bug_of_ours_shows_the_traceback_and_asks_for_a_report(tmp_path, capsy
     assert "Traceback" in err and "KeyError: 'oops'" in err and "please report it" in err
 
 
-def test_session_priors_are_embedded_and_never_a_path_followed(tmp_path, capsys, caplog):
+def test_session_priors_are_named_and_never_a_path_followed(tmp_path, capsys, caplog):
     from neuraldbg.causal.priors import load_priors
 
     s = nan_session(tmp_path)
     assert cli.main(["explain", s]) == 0
-    assert "priors mlp.json (embedded)" in capsys.readouterr().out
+    assert f"priors mlp.json (shipped, {load_priors('mlp').fingerprint[:12]})" in capsys.readouterr().out
     doc = json.loads(Path(s).read_text())
     doc["version"], doc["priors"] = 1, "/no/such/priors.json"  # an old session naming a path
     doc["meta"] = {k: v["value"] for k, v in doc.pop("signatures").items()}  # where versions 1-2 kept them
@@ -269,7 +269,7 @@ def test_a_bad_session_among_several_is_reported_and_the_rest_explained(tmp_path
     assert cli.main(["explain", str(bad), nan_session(tmp_path)]) == 1
     captured = capsys.readouterr()
     assert "not a NeuralDBG session" in _one_error_line(captured.err)
-    assert "data is corrupted" in captured.out
+    assert "data corrupted" in captured.out
 
 
 def test_the_installed_entry_point_prints_one_line_for_a_bad_file(tmp_path):

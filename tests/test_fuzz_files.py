@@ -64,13 +64,19 @@ def workdir():
         yield d
 
 
-@pytest.fixture(scope="module")
-def session_doc(workdir):
+@pytest.fixture(scope="module", params=["shipped", "embedded"])
+def session_doc(workdir, request):
+    """A session referring to the family's shipped priors (the default), or embedding a user's."""
+    from neuraldbg.causal.priors import validate
     from neuraldbg.config import DetectorConfig
 
-    path = export_trace(rich_trace(), os.path.join(workdir, "base.json"), config=DetectorConfig().to_dict())
+    priors = None if request.param == "shipped" else validate(load_priors("transformer").to_dict(), "mine.json")
+    path = export_trace(rich_trace(), os.path.join(workdir, "base.json"), config=DetectorConfig().to_dict(),
+                        priors=priors)
     with open(path) as f:
-        return json.load(f)
+        doc = json.load(f)
+    assert ("content" in doc["priors"]) == (request.param == "embedded")
+    return doc
 
 
 def prior_doc():

@@ -29,6 +29,11 @@ def doc(tmp_path):
         return json.load(f)
 
 
+def embedded(**content):
+    """An embedded priors block (a session with a user's priors), its content updated."""
+    return {"source": "mine.json", "fingerprint": "0" * 40, "content": {**load_priors("mlp").to_dict(), **content}}
+
+
 def load_mutated(tmp_path, doc, mutate):
     d = copy.deepcopy(doc)
     mutate(d)
@@ -74,7 +79,14 @@ def load_mutated(tmp_path, doc, mutate):
     (lambda d: d.update(config={"explode_abs": -1.0}), "config", "explode_abs must be > 0"),
     (lambda d: d.update(config={"nonsense": 1}), "config", "unknown field 'nonsense'"),
     (lambda d: d["priors"].update(fingerprint="abc"), "priors.fingerprint", "40 lowercase hex digits"),
-    (lambda d: d["priors"]["content"].update(temperature=0), "priors.content.temperature", "must be > 0"),
+    (lambda d: d["priors"].update(shipped="vit"), "priors.shipped", "valid: mlp, cnn"),
+    (lambda d: d["priors"].pop("fingerprint"), "priors", "missing required field 'fingerprint'"),
+    (lambda d: d["priors"].update(content={}), "priors", "unknown field 'content'"),
+    (lambda d: d.update(priors={"fingerprint": "0" * 40}), "priors", "expected a reference to the shipped priors"),
+    (lambda d: d.update(priors=embedded(temperature=0)), "priors.content.temperature", "must be > 0"),
+    (lambda d: d.update(priors=embedded(), version=4) or d["priors"].update(fingerprint="abc"),
+     "priors.fingerprint", "40 lowercase hex digits"),
+    (lambda d: d.update(version=4), "priors", "missing required field 'source'"),  # no reference before 5
 ])
 def test_a_bad_field_is_a_value_error_naming_file_and_field(tmp_path, doc, mutate, field, message):
     with pytest.raises(SessionFormatError) as exc:

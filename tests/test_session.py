@@ -38,7 +38,7 @@ def test_export_then_load_gives_equal_events(tmp_path_factory, events):
 def test_file_is_strict_json_and_versioned(tmp_path):
     p = export_trace(trace_of([]), tmp_path / "a.json")
     doc = json.loads(open(p).read())  # strict JSON: NaN is encoded as a string
-    assert doc["schema"] == "neuraldbg.session" and doc["version"] == 4
+    assert doc["schema"] == "neuraldbg.session" and doc["version"] == 5
     assert not list(tmp_path.glob(".*tmp"))  # no temp file left behind
 
 
@@ -81,6 +81,159 @@ def _tuned(tmp_path, family="mlp", ok=0.6):
     path = tmp_path / "tuned.json"
     path.write_text(json.dumps(doc))
     return path
+
+
+def _copy(tmp_path, family="mlp"):
+    """A user's copy of the shipped prior file, unchanged: a session embeds it (the pinned
+    choice), as every session did up to version 4."""
+    from neuraldbg.causal.priors import load_priors
+
+    path = tmp_path / "copy.json"
+    path.write_text(json.dumps(load_priors(family).to_dict()))
+    return path
+
+
+def _embedding(tmp_path, events=()):
+    """The document of a session that embeds its priors (a copy of the shipped ones)."""
+    return json.loads(open(export_trace(trace_of(events), tmp_path / "emb.json", priors=str(_copy(tmp_path)))).read())
+
+
+def _short_run(**kw):
+    import torch
+    from torch import nn
+
+    from neuraldbg import NeuralDbg
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(16, 4), torch.randn(16, 2)
+    with NeuralDbg(model, optimizer=opt, **kw) as dbg:
+        for _ in range(5):
+            opt.zero_grad()
+            loss = (model(x) - y).square().mean()
+            loss.backward()
+            opt.step()
+            dbg.record_loss(loss)
+    return dbg
+
+
+def _same_posterior(a, b):
+    assert a.p_healthy == b.p_healthy and a.nothing_observed == b.nothing_observed
+    assert {k: dict(v) for k, v in a.items()} == {k: dict(v) for k, v in b.items()}
+
+
+def test_a_default_session_refers_to_the_shipped_priors_and_answers_the_same_offline(tmp_path, capsys):
+    from neuraldbg import cli
+    from neuraldbg.causal.priors import load_priors
+
+    dbg = _short_run()
+    p = dbg.export_aquarium_package(tmp_path / "run.json")
+    doc = json.loads(open(p).read())
+    shipped = load_priors("mlp")
+    assert doc["version"] == 5 and doc["priors"] == {"shipped": "mlp", "fingerprint": shipped.fingerprint}
+    s = load_session(p)
+    _same_posterior(s.posterior(), dbg.posterior())
+    # it names the priors it used: the shipped file and its fingerprint
+    assert s.priors.fingerprint == shipped.fingerprint and s.priors.shipped
+    assert s.priors.source == f"mlp.json (shipped, {shipped.fingerprint[:12]})"
+    assert cli.main(["explain", p]) == 0
+    assert f"priors mlp.json (shipped, {shipped.fingerprint[:12]})\n" in capsys.readouterr().out
+    # written again, it still refers to them; the shipped file passed explicitly is referred to
+    again = json.loads(open(s.export_aquarium_package(tmp_path / "again.json")).read())
+    assert again["priors"] == doc["priors"]
+    assert json.loads(open(export_trace(trace_of([]), tmp_path / "x.json", priors=shipped)).read())["priors"] == \
+        doc["priors"]
+
+
+def test_user_supplied_priors_are_embedded_and_answer_the_same_offline(tmp_path):
+    from neuraldbg.causal.priors import as_priors, load_priors, validate
+
+    tuned = _tuned(tmp_path)
+    dbg = _short_run(priors=str(tuned))
+    p = dbg.export_aquarium_package(tmp_path / "run.json")
+    doc = json.loads(open(p).read())
+    assert set(doc["priors"]) == {"source", "fingerprint", "content"} and doc["priors"]["source"] == str(tuned)
+    tuned.unlink()  # another machine
+    s = load_session(p)
+    _same_posterior(s.posterior(), dbg.posterior())
+    assert s.priors.fingerprint == dbg.priors.fingerprint and s.priors.source == f"{tuned} (embedded)"
+    # a user's copy of the shipped file is embedded too (a later version's shipped file must not
+    # replace it), and so are a Priors built from it and another family's shipped priors
+    shipped = load_priors("mlp")
+    for priors in (str(_copy(tmp_path)), validate(shipped.to_dict(), source="mine"), load_priors("rnn")):
+        doc = json.loads(open(export_trace(trace_of([]), tmp_path / "e.json", priors=priors)).read())
+        assert "content" in doc["priors"], priors
+        assert load_session(tmp_path / "e.json").priors.fingerprint == as_priors(priors, "mlp").fingerprint
+
+
+def test_a_reference_to_other_shipped_priors_loads_with_the_installed_ones_and_a_warning(tmp_path, caplog, capsys):
+    """A session written by a version that shipped other priors: the trace is worth having,
+    the writer's priors are nowhere to be had, so the installed ones answer, loudly."""
+    from neuraldbg import cli
+    from neuraldbg.causal.priors import load_priors
+
+    dbg = _short_run()
+    doc = json.loads(open(dbg.export_aquarium_package(tmp_path / "run.json")).read())
+    doc["priors"]["fingerprint"], doc["neuraldbg_version"] = "ab" * 20, "0.0.1"
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    installed = load_priors("mlp").fingerprint
+    with caplog.at_level("WARNING", logger="neuraldbg"):
+        s = load_session(tmp_path / "old.json")
+    [rec] = [r for r in caplog.records if "shipped mlp priors" in r.getMessage()]
+    msg = rec.getMessage()
+    assert rec.levelname == "WARNING" and str(tmp_path / "old.json") in msg and "ab" * 20 in msg
+    assert installed in msg and "neuraldbg 0.0.1" in msg and "which are used instead" in msg
+    assert s.priors.fingerprint == installed
+    assert s.priors.source == f"mlp.json (shipped, {installed[:12]}; the session names {'ab' * 6})"
+    _same_posterior(s.posterior(), dbg.posterior())
+    assert cli.main(["explain", str(tmp_path / "old.json")]) == 0
+    assert f"priors {s.priors.source}\n" in capsys.readouterr().out
+    # an override takes its place, with nothing to warn about
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="neuraldbg"):
+        load_session(tmp_path / "old.json", priors=load_priors("mlp"))
+    assert not caplog.records
+
+
+def test_a_version_4_session_embedding_the_shipped_priors_loads_as_before(tmp_path):
+    """Up to version 4 every session embedded its priors, the shipped ones included; such a
+    session reads them from the file as before, and may not refer to shipped priors."""
+    from neuraldbg.causal.priors import load_priors
+    from neuraldbg.session import priors_block
+
+    ev = [Event(OPTIMIZER, "divergence", None, 40, end_step=60, values={"nonfinite": 0.0})]
+    doc = json.loads(open(export_trace(trace_of(ev), tmp_path / "s.json")).read())
+    ref = doc["priors"]
+    doc["version"], doc["priors"] = 4, priors_block(None, "mlp")  # what version 4 wrote
+    assert doc["priors"]["source"] == "mlp.json" and "content" in doc["priors"]
+    (tmp_path / "v4.json").write_text(json.dumps(doc))
+    s = load_session(tmp_path / "v4.json")
+    assert s.priors.source == "mlp.json (embedded)" and s.priors.fingerprint == load_priors("mlp").fingerprint
+    _same_posterior(s.posterior(), load_session(tmp_path / "s.json").posterior())
+    doc["priors"] = ref
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="bad.json: priors: missing required field 'source'"):
+        load_session(tmp_path / "bad.json")
+    doc["version"], doc["priors"] = 5, None  # a trace between ranks: the family's shipped priors
+    (tmp_path / "null.json").write_text(json.dumps(doc))
+    assert load_session(tmp_path / "null.json").priors is load_priors("mlp")
+
+
+def test_a_default_cnn_session_stays_small(tmp_path):
+    """Without the shipped priors copied in, a session is its trace: 200 steps of the zoo CNN
+    come to about 13 KB (344 KB when it embedded them). A short run is trained here, its loss
+    history then grown to the most a monitor keeps (512 points), so any run length is covered."""
+    import models
+
+    r = models.run("cnn", "healthy", 0, steps=10, monitor=True)
+    p = r.dbg.export_aquarium_package(tmp_path / "cnn.json")
+    doc = json.loads(open(p).read())
+    assert doc["priors"]["shipped"] == "cnn"
+    doc["loss"]["history"] = [[i, 1.2345678901234567 / (i + 1)] for i in range(512)]
+    (tmp_path / "long.json").write_text(json.dumps(doc, indent=1))
+    assert (tmp_path / "long.json").stat().st_size < 100_000
+    _same_posterior(load_session(p).posterior(), r.dbg.posterior())
 
 
 def test_a_session_embeds_its_priors_and_answers_the_same_without_the_file(tmp_path):
@@ -130,8 +283,7 @@ def test_a_version_1_session_naming_a_prior_path_never_opens_it(tmp_path, caplog
 def test_a_version_2_session_reads_its_meta_as_declared_signatures(tmp_path):
     """Versions 1-2 kept the signatures in a flat ``meta`` object, the step size under its old
     name ``step_ratio_peak``; they read as the declared signatures (without their steps)."""
-    p = export_trace(trace_of([]), tmp_path / "s.json")
-    doc = json.loads(open(p).read())
+    doc = _embedding(tmp_path)
     doc["version"] = 2
     doc.pop("signatures"), doc.pop("gaps"), doc.pop("internal_errors")
     doc["meta"] = {"every": 1, "optimizer": "SGD", "lr": [0.1], "step_ratio_peak": 0.3, "init_scale_log10": 0.02}
@@ -151,7 +303,7 @@ def test_gaps_and_internal_errors_round_trip_and_version_3_reads_without_them(tm
 
     tr = dataclasses.replace(trace_of([]), internal_errors=2,
                              signatures=Signatures({"every": 1}, gaps={"step_ratio_median": "no optimizer found"}))
-    p = export_trace(tr, tmp_path / "s.json")
+    p = export_trace(tr, tmp_path / "s.json", priors=str(_copy(tmp_path)))  # as version 3 did
     doc = json.loads(open(p).read())
     assert doc["gaps"] == {"step_ratio_median": "no optimizer found"} and doc["internal_errors"] == 2
     back = load_session(p)
@@ -171,8 +323,7 @@ def test_gaps_and_internal_errors_round_trip_and_version_3_reads_without_them(tm
 
 
 def test_edited_embedded_priors_are_refused(tmp_path):
-    p = export_trace(trace_of([]), tmp_path / "s.json")
-    doc = json.loads(open(p).read())
+    doc = _embedding(tmp_path)
     doc["priors"]["content"]["roots"]["data"] = {"ok": 0.5, "corrupted": 0.25, "shifted": 0.25}
     (tmp_path / "e.json").write_text(json.dumps(doc))
     with pytest.raises(ValueError, match=r"e.json: priors.fingerprint: .* does not match"):
@@ -213,8 +364,7 @@ def test_a_session_from_an_older_network_loads_with_the_tables_that_still_fit(tm
     """Regression: a node that gained a parent (saturation <- initialization) made every
     session written before unreadable; now the outdated table alone is replaced."""
     ev = [Event(OPTIMIZER, "divergence", None, 40, end_step=60, values={"nonfinite": 0.0})]
-    p = export_trace(trace_of(ev), tmp_path / "s.json")
-    doc = json.loads(open(p).read())
+    doc = _embedding(tmp_path, ev)
     cpds = doc["priors"]["content"]["cpds"]
     assert "saturation" in cpds and "init_scale" in cpds
     cpds["saturation"]["parents"] = ["data", "instability", "signal_decay"]  # the older network

@@ -24,6 +24,7 @@ family; per path, size and modification time).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -62,6 +63,10 @@ class Priors:
     fingerprint: str = ""
     #: fingerprint of the network these priors are for (:attr:`Network.fingerprint`)
     network: str = ""
+    #: read from the package's own file for ``family`` (:func:`load_priors` without a path):
+    #: a session refers to such priors by family and fingerprint instead of embedding them. A
+    #: user's copy of that file, even an identical one, is not: it is their pinned choice
+    shipped: bool = False
 
     def p_healthy(self) -> float:
         """Prior probability that every root cause is ``ok``."""
@@ -238,6 +243,6 @@ def load_priors(family: str | None = None, path: str | os.PathLike | None = None
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise PriorError(f"{res}: not valid JSON ({exc})") from None
-        pri = validate(data, source=f"{fam}.json", family=fam)
+        pri = dataclasses.replace(validate(data, source=f"{fam}.json", family=fam), shipped=True)
         _family_cache[fam] = pri
     return pri

@@ -9,7 +9,7 @@ from neuraldbg.vocab import EVENT_KINDS, EVENT_TYPES, FAMILIES
 _REQUIRED = ("schema", "version", "neuraldbg_version", "family", "rank", "world_size", "steps",
              "model", "events", "loss", "config", "priors")
 #: where each version keeps its signatures (before version 3: a flat ``meta`` object)
-_SIGNATURES_KEY = {1: "meta", 2: "meta", 3: "signatures", 4: "signatures"}
+_SIGNATURES_KEY = {1: "meta", 2: "meta", 3: "signatures", 4: "signatures", 5: "signatures"}
 #: fields added by version 4: why a signature was not measured, and the monitor's own failures
 _V4 = ("gaps", "internal_errors")
 _EVENT_OPTIONAL = ("layer", "end_step", "count", "severity", "values", "rank")
@@ -25,8 +25,10 @@ def check_session(doc: Any, file: str = "<dict>", *, signature: SignatureCheck |
     """Validate a parsed session document; return it normalized (see ``docs/session_format.md``).
 
     The result holds the same keys with numbers decoded, every event field filled in,
-    ``priors`` either None, a path string (version 1, never opened) or the embedded block, and
-    ``signatures`` as ``{name: (value, step or None)}``. ``signature`` checks each signature
+    ``priors`` either None, a path string (version 1, never opened), the embedded block
+    ``{"source", "fingerprint", "content"}`` or (from version 5) the reference to a family's
+    shipped priors ``{"shipped": family, "fingerprint"}``, and ``signatures`` as
+    ``{name: (value, step or None)}``. ``signature`` checks each signature
     against its declaration (an undeclared one is refused); ``renamed`` maps names older
     versions wrote to their current name.
     """
@@ -75,14 +77,28 @@ def check_session(doc: Any, file: str = "<dict>", *, signature: SignatureCheck |
         out["priors"] = c.string(pri, "priors", null=True)
     elif pri is None:  # none embedded: the family's shipped priors (a trace sent between ranks)
         out["priors"] = None
+    elif version >= 5 and isinstance(pri, dict) and "shipped" in pri:
+        # the package's own file, named rather than copied: which file and which content
+        ref = c.obj(pri, "priors", ("shipped", "fingerprint"))
+        out["priors"] = {"shipped": c.string(ref["shipped"], "priors.shipped", FAMILIES),
+                         "fingerprint": _fingerprint(c, ref["fingerprint"])}
     else:
+        if version >= 5 and isinstance(pri, dict) and "content" not in pri:
+            raise c.fail("priors", "expected a reference to the shipped priors {shipped, fingerprint}, "
+                                   "embedded priors {source, fingerprint, content}, or null")
         block = c.obj(pri, "priors", ("source", "fingerprint", "content"))
         c.string(block["source"], "priors.source")
-        fp = c.string(block["fingerprint"], "priors.fingerprint")
-        if len(fp) != 40 or any(ch not in "0123456789abcdef" for ch in fp):
-            raise c.fail("priors.fingerprint", f"{show(fp)} is not valid; valid: 40 lowercase hex digits")
+        fp = _fingerprint(c, block["fingerprint"])
         out["priors"] = {"source": block["source"], "fingerprint": fp, "content": block["content"]}
     return out
+
+
+def _fingerprint(c: Checker, fp: Any) -> str:
+    """A prior fingerprint: 40 lowercase hex digits (a SHA-1)."""
+    fp = c.string(fp, "priors.fingerprint")
+    if len(fp) != 40 or any(ch not in "0123456789abcdef" for ch in fp):
+        raise c.fail("priors.fingerprint", f"{show(fp)} is not valid; valid: 40 lowercase hex digits")
+    return fp
 
 
 def _layers(c: Checker, layers: Any) -> list[dict]:
