@@ -17,6 +17,20 @@ ROOTS: dict[str, tuple[str, ...]] = {
     "training_loop": ("ok", "stale_gradients", "params_not_in_optimizer", "graph_detached", "loss_on_probabilities"),
     "unexplained": ("ok", "not_learning"),
 }
+#: Roots whose states are kinds of fault rather than degrees of the cause: a sentence reads
+#: "training loop: stale gradients", where the others read "learning rate too high".
+KIND_ROOTS: frozenset[str] = frozenset({"training_loop", "unexplained"})
+#: Words a state's name does not spell out.
+_STATE_WORDS = {"params_not_in_optimizer": "parameters not in the optimizer"}
+
+
+def phrase(cause: str, state: str) -> str:
+    """How a sentence names ``cause = state``: "learning rate too high", "training loop: stale
+    gradients" (the variable names stay those of the API)."""
+    words = _STATE_WORDS.get(state, state.replace("_", " "))
+    return f"{cause.replace('_', ' ')}{':' if cause in KIND_ROOTS else ''} {words}"
+
+
 #: The root variables in sorted order (how the network and its tables index them).
 ROOT_NAMES: tuple[str, ...] = tuple(sorted(ROOTS))
 

@@ -46,3 +46,15 @@ def test_every_family_ships_a_prior_file_and_events_use_the_kinds():
     for fam in vocab.FAMILIES:
         doc = json.loads(resources.files("neuraldbg.priors").joinpath(f"{fam}.json").read_text())
         assert doc["family"] == fam and set(doc["roots"]) == set(vocab.ROOTS)
+
+
+def test_a_sentence_names_a_state_in_words_and_the_api_keeps_its_names():
+    from neuraldbg.vocab import ROOTS, phrase
+
+    assert phrase("learning_rate", "too_high") == "learning rate too high"
+    assert phrase("training_loop", "stale_gradients") == "training loop: stale gradients"
+    assert phrase("training_loop", "params_not_in_optimizer") == "training loop: parameters not in the optimizer"
+    assert phrase("unexplained", "not_learning") == "unexplained: not learning"
+    for cause, states in ROOTS.items():
+        for state in states[1:]:
+            assert "_" not in phrase(cause, state)

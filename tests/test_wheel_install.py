@@ -74,7 +74,7 @@ def test_installed_wheel_explains_an_exported_session(wheel, tmp_path, capsys):
                  cwd=tmp_path).stdout.strip()
     assert where.startswith(str(venv.resolve())), where  # the wheel's copy, not the checkout's
     out = _run([venv / "bin" / "neuraldbg", "explain", session], cwd=tmp_path).stdout
-    assert "learning_rate is too high" in out
+    assert "learning rate too high" in out
     html = tmp_path / "report.html"
     _run([venv / "bin" / "neuraldbg", "report", session, "-o", html], cwd=tmp_path)
     assert html.stat().st_size > 5000

@@ -13,10 +13,16 @@ from neuraldbg.causal.nodes.causes import retention_not_kept
 from neuraldbg.causal.nodes.loop import ORPHAN_PARAMS
 from neuraldbg.causal.nodes.run import LR, LR_PEAK
 from neuraldbg.trace import Trace
+from neuraldbg.vocab import phrase
 
 #: an unobserved variable is worth naming in a hypothesis when, had it been observed, its
 #: likelihood under the hypothesis would differ from a healthy run's by this much (total variation)
 RELEVANT_TV = 0.3
+
+
+def headline(cause: str, state: str, p: float) -> str:
+    """The head of a hypothesis' sentence: "learning rate too high (p = 0.97)"."""
+    return f"{phrase(cause, state)} (p = {p:.2f})"
 
 
 def describe(cause: str, state: str, p: float, failure_type: str, layer: str | None, step: int | None,
@@ -26,7 +32,7 @@ def describe(cause: str, state: str, p: float, failure_type: str, layer: str | N
     where = f"layer `{layer}`" if layer is not None else "the loss (no layer event)"
     when = f"step {step}" if step is not None else "an unknown step"
     on = f" on rank {rank}" if rank is not None else ""
-    return f"{cause} is {state.replace('_', ' ')} (p={p:.2f}): {what} first seen in {where} at {when}{on}."
+    return f"{headline(cause, state, p)}: {what} first seen in {where} at {when}{on}."
 
 
 def _lr_text(trace: Trace) -> str:

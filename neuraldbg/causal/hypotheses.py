@@ -13,7 +13,7 @@ from typing import Mapping
 
 from neuraldbg.causal.compiled import CompiledNetwork
 from neuraldbg.causal.evidence import Evidence
-from neuraldbg.causal.fixes import describe, suggested_fix, unobserved_note
+from neuraldbg.causal.fixes import describe, headline, suggested_fix, unobserved_note
 from neuraldbg.causal.nodes.loop import DETACHED_LAYER, ORPHAN_LAYER
 from neuraldbg.causal.types import CausalChain, Hypothesis, Posterior
 from neuraldbg.events.base import FAILURE_TYPES, Event
@@ -137,21 +137,50 @@ def build(trace: Trace, post: Posterior, net: CompiledNetwork, ev: Evidence, cau
     onset = first.step if first is not None else _loss_onset(trace)
     rank = first.rank if first is not None else None
     fix = suggested_fix(trace, ev, cause, state, origin, onset)
-    text = describe(cause, state, p, failure_type, origin, onset, rank)
-    noted = _noted(sup, ev) if first is None else None
-    if noted == "retention":  # nothing in the loop shows it: the reference does
-        text = (f"{cause} is {state.replace('_', ' ')} (p={p:.2f}): the run forgot its reference task "
-                f"({ev.notes['retention']}).")
-    elif noted is not None and (cause, state) == ("unexplained", "not_learning"):
-        text = (f"training is not learning (p={p:.2f}): {ev.notes[noted]}, and no modeled cause explains it.")
-    elif noted is not None:
-        text = f"{cause} is {state.replace('_', ' ')} (p={p:.2f}): {ev.notes[noted]}."
-    if first is not None and noted is None and "input_scale" in sup and ev.observed.get("input_scale") == "large":
+    # the sentence cites what carried the hypothesis, not what came first: the observation with
+    # the largest likelihood ratio (a zero-grad check at step 16 before the blow-up it caused)
+    cited, noted = _cited(trace, ev, sup, events, weight)
+    if noted is None and cited is None and first is None:
+        noted = _noted(sup, ev)
+    head = headline(cause, state, p)
+    if cited is not None:
+        text = describe(cause, state, p, _PAIR_FAILURE[(cited.type, cited.kind)], cited.layer, cited.step,
+                        cited.rank)
+    elif noted is None:
+        text = describe(cause, state, p, failure_type, origin, onset, rank)
+    elif noted == "retention":  # nothing in the loop shows it: the reference does
+        text = f"{head}: the run forgot its reference task ({ev.notes['retention']})."
+    elif (cause, state) == ("unexplained", "not_learning"):
+        text = f"{head}: {ev.notes[noted]}, and no modeled cause explains it."
+    else:
+        text = f"{head}: {ev.notes[noted]}."
+    if cited is not None and "input_scale" in sup and ev.observed.get("input_scale") == "large":
         text += f" {ev.notes['input_scale'][0].upper()}{ev.notes['input_scale'][1:]}."  # names the features
     text += unobserved_note(net, ev, cause, state)
     return Hypothesis(cause=cause, state=state, probability=p, failure_type=failure_type,
                       origin_layer=origin, onset_step=onset, evidence=tuple(events),
                       suggested_fix=fix, description=text, origin_rank=rank)
+
+
+def decisive(sup: Mapping[str, float]) -> str | None:
+    """The observed variable that carried a hypothesis: the largest likelihood ratio among its
+    supporting observations (ties: the name, so the choice is stable)."""
+    return max(sup, key=lambda v: (sup[v], v)) if sup else None
+
+
+def _cited(trace: Trace, ev: Evidence, sup: Mapping[str, float], events: list[Event],
+           weight: Mapping[Event, float]) -> tuple[Event | None, str | None]:
+    """What the sentence cites: the first event of the decisive observation, or its note when
+    no event stands behind it (a signature: a check, a schedule, a scale); ``(None, None)``
+    when it has neither."""
+    var = decisive(sup)
+    if var is None:
+        return None, None
+    behind = set(ev.support.get(var, ()))
+    first = _origin([e for e in events if e in behind], trace, weight)
+    if first is not None:
+        return first, None
+    return None, (var if var in ev.notes else None)
 
 
 def _noted(sup: Mapping[str, float], ev: Evidence) -> str | None:
@@ -234,9 +263,8 @@ def chain(trace: Trace, post: Posterior, net: CompiledNetwork, ev: Evidence, fai
           floor: float = REPORT_FLOOR) -> CausalChain:
     """Most probable explaining root cause -> first event -> propagation, in order.
 
-    The chain's events are the root cause's supporting events up to the failure's first
-    event (how the cause reached it), then every event of the failure type (how it spread);
-    ordered by step, then forward position.
+    The chain's events are the failure type's own (an exploding-gradients chain holds exploding
+    events, however the cause's other evidence reads), ordered by step, then forward position.
     """
     events = _failure_events(trace, failure_type)
     if not events:
@@ -245,15 +273,10 @@ def chain(trace: Trace, post: Posterior, net: CompiledNetwork, ev: Evidence, fai
             why += (f" (the loss curve reads {_state_text(ev.observed.get('loss_pattern'))}, but no event marks "
                     "where it started)")
         return CausalChain(failure_type, None, None, 0.0, None, (), reason=why)
-    key = _event_key(trace)
     cands = explaining(trace, post, net, ev, failure_type)
     if not cands:
         return CausalChain(failure_type, None, None, 0.0, events[0], tuple(events[1:]),
                            reason="no root cause in the model raises the probability of this evidence")
     cause, state, p = cands[0]
-    onset = key(_origin(events, trace))
-    sup = support(net, ev, cause, state)
-    upstream = {e for var in sup for e in ev.support.get(var, ()) if key(e) <= onset}
-    ordered = sorted(upstream | set(events), key=key)
     reason = "" if p >= floor else f"the most probable cause is below the reporting floor ({floor})"
-    return CausalChain(failure_type, cause, state, p, ordered[0], tuple(ordered[1:]), reason=reason)
+    return CausalChain(failure_type, cause, state, p, events[0], tuple(events[1:]), reason=reason)

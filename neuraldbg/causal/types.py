@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from neuraldbg.events.base import Event
+from neuraldbg.vocab import phrase
 
 #: events shown by ``str(CausalChain)`` before eliding the rest
 MAX_LINKS = 8
@@ -110,7 +111,7 @@ class CausalChain:
     def __str__(self) -> str:
         if self.empty:
             return f"{self.failure_type}: no chain ({self.reason})"
-        head = (f"{self.cause}={self.state} (p={self.probability:.2f})" if self.cause
+        head = (f"{phrase(self.cause, self.state or '')} (p = {self.probability:.2f})" if self.cause
                 else "unexplained (no root cause above the reporting floor)")
         evs = self.events
         links = [head] + [_short(e) for e in evs[:MAX_LINKS]]
