@@ -44,6 +44,23 @@ LOSS_FLOOR = 0.05
 #: events is evidence only when the model has such modules
 BOUNDED_TYPES = frozenset({"Sigmoid", "Tanh", "Hardtanh", "Hardsigmoid", "Softsign", "Softmax"})
 RELU_TYPES = frozenset({"ReLU", "ReLU6"})
+#: activation modules of torch (and, by the suffix, of libraries: ``GELUActivation``): a model
+#: with none of them applies its activations as functions (``F.relu``), which no hook sees
+ACTIVATION_TYPES = RELU_TYPES | BOUNDED_TYPES | frozenset({
+    "ELU", "CELU", "SELU", "GELU", "GLU", "SiLU", "Mish", "LeakyReLU", "PReLU", "RReLU", "Softplus",
+    "Softshrink", "Hardshrink", "Tanhshrink", "Threshold", "Hardswish", "LogSigmoid", "LogSoftmax",
+    "Softmin", "Softmax2d", "MultiheadAttention"})
+#: why dead units are not seen in a model whose activations are all functions: the monitor's
+#: gap, not something the run failed to show
+FUNCTIONAL_ACTIVATIONS = ("no activation module in this model: activations applied as functions (F.relu, "
+                          "torch.relu) are not monitored, so dead units cannot be seen")
+
+
+def functional_activations(layer_types: set[str]) -> bool:
+    """Whether a model's activations are applied as functions: monitored layers, and no
+    activation module among them. Pure."""
+    acts = {t for t in layer_types if t in ACTIVATION_TYPES or t.endswith("Activation")}
+    return bool(layer_types) and not acts
 
 NO_GRADIENT_LAYER = "no monitored layer owns parameters"
 
@@ -167,6 +184,8 @@ def dead(view: TraceView) -> Reading | None:
         return _onset(view, ev, lambda f: f"dead units first in {f.layer} at step {f.step}")
     if view.watched and view.layer_types & RELU_TYPES:
         return Reading("absent")
+    if view.watched and functional_activations(view.layer_types):
+        return Reading(None, reason=FUNCTIONAL_ACTIVATIONS, gap=True)
     return view.unwatched("no ReLU module is monitored")
 
 
