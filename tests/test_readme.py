@@ -1,7 +1,9 @@
-"""The README's integration snippets run as written (like docs/idioms.md's, in
-tests/monitor/test_idioms.py): Lightning, the Trainer, TensorBoard and the report, in order."""
+"""The README's code runs as written: its first program (a complete script a newcomer copies),
+and its integration snippets (like docs/idioms.md's, in tests/monitor/test_idioms.py):
+Lightning, the Trainer, TensorBoard and the report, in order. All of them type-check."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -19,11 +21,57 @@ def python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.S)
 
 
+def first_program() -> str:
+    """The README's first ```python block: a complete program, data and model made in place."""
+    return python_blocks()[0]
+
+
 def section_blocks() -> list[str]:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     start = text.index(SECTION)
     end = text.find("\n## ", start + len(SECTION))
     return re.findall(r"```python\n(.*?)```", text[start:end if end >= 0 else None], flags=re.S)
+
+
+#: the cause the first program injects (a learning rate 1000x too high), matched loosely so
+#: that the sentences' wording ("learning_rate is too high", "learning rate too high") may change
+INJECTED_CAUSE = (re.compile(r"learning[ _]rate", re.I), re.compile(r"too[ _]high", re.I))
+
+
+def test_the_first_program_is_short_and_wraps_the_loop_in_one_line():
+    code = first_program()
+    assert len(code.splitlines()) <= 25
+    assert "with NeuralDbg(model) as dbg:" in code
+    assert "import" in code.splitlines()[0]  # it starts from its imports: nothing taken as given
+
+
+def test_the_first_program_runs_as_written_and_names_the_cause_it_injects(tmp_path):
+    """Regression: the README's first block used ``model``, ``optimizer`` and ``loader`` without
+    defining them, so a newcomer's first copy-paste raised NameError."""
+    script = tmp_path / "first.py"
+    script.write_text(first_program(), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    res = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    head = next((i for i, ln in enumerate(lines) if ln.startswith("P(healthy) = ")), None)
+    assert head is not None and head + 1 < len(lines), res.stdout
+    assert float(lines[head].split("=")[1]) < 0.5, res.stdout  # not healthy
+    top = lines[head + 1]  # the most probable hypothesis' sentence
+    assert all(p.search(top) for p in INJECTED_CAUSE), res.stdout
+
+
+def test_the_readme_shows_what_the_first_program_prints():
+    """The output captured beneath the first program names the same cause (its exact wording is
+    refreshed by hand: rerun the block and paste what it prints)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    after = text[text.index(first_program()) + len(first_program()):]
+    shown = re.search(r"```text\n(.*?)```", after, flags=re.S)
+    assert shown is not None and after.index("```text") < after.find("```python")
+    lines = shown.group(1).splitlines()
+    assert lines[0].startswith("P(healthy) = ")
+    assert all(p.search(lines[1]) for p in INJECTED_CAUSE)
 
 
 def test_the_section_links_the_committed_screenshot():
@@ -88,21 +136,25 @@ reveal_type(callback.diagnosis)
 """
 
 
-def mypy(tmp_path, name: str, code: str) -> subprocess.CompletedProcess:
+def mypy(tmp_path, name: str, code: str, **more: str) -> subprocess.CompletedProcess:
+    """mypy on ``code`` written to ``name`` (and on each further ``file_name=code``, as its own module)."""
     pytest.importorskip("mypy", reason="mypy (the test extra) is not installed")
     cfg = tmp_path / "mypy.ini"
     cfg.write_text(MYPY_CONFIG.format(root=ROOT, cache=tmp_path / "mypy-cache"))
-    (tmp_path / name).write_text(code)
+    files = {name: code, **{f"{stem}.py": body for stem, body in more.items()}}
+    for file_name, body in files.items():
+        (tmp_path / file_name).write_text(body)
     return subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(cfg), "--no-error-summary",
-                           str(tmp_path / name)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+                           *(str(tmp_path / f) for f in files)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600)
 
 
 def test_readme_snippets_type_check_against_the_package_annotations(tmp_path):
     """Regression: ``dbg.posterior()`` was annotated ``dict[str, dict[str, float]]`` (so the
     documented ``.p_healthy`` was a mypy error) and ``NeuralDbgCallback`` was ``Any``."""
-    usage, *integration = python_blocks()
+    first, usage, *integration = python_blocks()
     program = USAGE_PRELUDE + usage + "\n" + "\n".join(integration) + "\nfrom neuraldbg import NeuralDbg\n" + REVEAL
-    res = mypy(tmp_path, "readme_snippets.py", program)
+    res = mypy(tmp_path, "readme_snippets.py", program, readme_first=first)  # the first program stands alone
     lines = res.stdout.strip().splitlines()
     errors = [ln for ln in lines if ": error:" in ln]
     assert errors == [], "\n".join(errors)
