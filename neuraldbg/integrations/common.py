@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,6 +68,14 @@ def check_export(export: Any) -> Any:
     if export is None or isinstance(export, (bool, str, os.PathLike)):
         return export
     raise TypeError(f"export must be None, True (the trainer's output folder) or a path, got {type(export).__name__}")
+
+
+def check_verbose(verbose: Any) -> bool:
+    """``verbose`` if it is ``True`` (print the verdict line when the run ends) or ``False``."""
+    if isinstance(verbose, bool):
+        return verbose
+    raise TypeError("verbose must be True (print one line with the verdict when the run ends) or False (print "
+                    f"nothing; the diagnosis is still logged), got {type(verbose).__name__}")
 
 
 def resumed_kwargs(kwargs: dict[str, Any], step: int | None, checkpoint: Any = None) -> dict[str, Any]:
@@ -186,10 +195,12 @@ def describe(p_healthy: float, hypotheses: list, top: int = 3) -> str:
     return "\n".join(lines)
 
 
-def finish(dbg: Any, exc: BaseException | None, target: Path | None, announce: bool = True) -> Diagnosis | None:
+def finish(dbg: Any, exc: BaseException | None, target: Path | None, announce: bool = True,
+           live: LiveMetrics | None = None) -> Diagnosis | None:
     """Exit the monitor, log the diagnosis (a warning when the run is not healthy, info when it
     is; at debug level when ``announce`` is false, on the ranks of a distributed job other
-    than zero) and export the session to ``target``; ``None`` when the diagnosis failed."""
+    than zero) and export the session to ``target``; ``None`` when the diagnosis failed.
+    ``live``, when given, is settled on the final posterior (:meth:`LiveMetrics.settle`)."""
     if dbg is None:
         return None
     try:
@@ -213,7 +224,41 @@ def finish(dbg: Any, exc: BaseException | None, target: Path | None, announce: b
         text += f"\n  session written to {path}"
     level = (logging.INFO if post.is_healthy else logging.WARNING) if announce else logging.DEBUG
     log.log(level, "neuraldbg: %s", text)
+    if live is not None:
+        try:
+            live.settle(post)
+        except Exception:  # noqa: BLE001 - the verdict stands without the numbers for the loggers
+            log.exception("neuraldbg: the final numbers for the trainer's loggers could not be computed")
     return Diagnosis(p_healthy=post.p_healthy, hypotheses=tuple(hyps), text=text, session_path=path)
+
+
+def verdict_line(d: Diagnosis) -> str:
+    """The diagnosis in one line (what a callback prints when the run ends): the verdict as
+    :func:`describe` words it, the top hypothesis with its fix when the run is not healthy (the
+    weaker lead when it is), and where the session went."""
+    if d.healthy:
+        line = describe(d.p_healthy, [])
+        if d.hypotheses:
+            line += f"; weaker lead: {_flat(d.hypotheses[0].description)}"
+    elif d.hypotheses:
+        top = d.hypotheses[0]
+        line = f"{_flat(top.description)}; fix: {_flat(top.suggested_fix)}"
+    else:
+        line = describe(d.p_healthy, [])
+    if d.session_path is not None:
+        line += f"; session at {d.session_path}"
+    return line
+
+
+def _flat(sentence: str) -> str:
+    # the line ends a sentence with the next clause's "; ", and never breaks
+    return " ".join(sentence.split()).rstrip(".")
+
+
+def say(line: str) -> None:
+    """Print ``line`` to stdout, flushed: a notebook and a terminal both show it, with or
+    without logging set up."""
+    print(line, file=sys.stdout, flush=True)
 
 
 class LiveMetrics:
@@ -239,10 +284,19 @@ class LiveMetrics:
         if step is None or step == self.step:
             return None
         from neuraldbg.causal import api
-        from neuraldbg.causal.hypotheses import REPORT_FLOOR
 
         self.step = step
-        post = api.posterior(dbg.trace(flush=False), dbg.priors)
+        return self._take(api.posterior(dbg.trace(flush=False), dbg.priors))
+
+    def settle(self, post: Any) -> dict[str, float]:
+        """The numbers of the run's final posterior ``post`` (the verdict's), under the same tags
+        and with every state seen at a sync: a framework's last row then says what the verdict
+        says. :attr:`step` stays the last sync's."""
+        return self._take(post)
+
+    def _take(self, post: Any) -> dict[str, float]:
+        from neuraldbg.causal.hypotheses import REPORT_FLOOR
+
         for var, state, p in post.abnormal():
             if p >= REPORT_FLOOR and (var, state) not in self._states:
                 self._states.append((var, state))
@@ -264,13 +318,15 @@ def guarded(reported: set, what: str, fn, *args) -> Any:
 
 
 class CallbackBase:
-    """What both framework callbacks hold: the checked ``NeuralDbg`` arguments and export
-    target, the last run's monitor (queries work after the run too) and its diagnosis."""
+    """What both framework callbacks hold: the checked ``NeuralDbg`` arguments, export target
+    and ``verbose`` switch, the last run's monitor (queries work after the run too) and its
+    diagnosis."""
 
-    def __init__(self, export: Any = None, **neuraldbg_kwargs: Any) -> None:
+    def __init__(self, export: Any = None, verbose: bool = True, **neuraldbg_kwargs: Any) -> None:
         super().__init__()
         self.neuraldbg_kwargs = check_kwargs(neuraldbg_kwargs)
         self.export = check_export(export)
+        self.verbose = check_verbose(verbose)
         self.dbg: Any = None
         self.diagnosis: Diagnosis | None = None
         self._active = False
@@ -280,7 +336,15 @@ class CallbackBase:
         self.resume_state: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
-        return f"NeuralDbgCallback(export={self.export!r}, **{self.neuraldbg_kwargs!r})"
+        return f"NeuralDbgCallback(export={self.export!r}, verbose={self.verbose!r}, **{self.neuraldbg_kwargs!r})"
+
+    def _tell(self, zero: bool) -> None:
+        """Print the verdict line, on rank zero only and unless ``verbose=False``."""
+        if self.verbose and zero and self.diagnosis is not None:
+            guarded(self._reported, "printing the verdict", self._write, f"neuraldbg: {verdict_line(self.diagnosis)}")
+
+    def _write(self, line: str) -> None:
+        say(line)
 
 
 def callback_type(hooks: type, bases: tuple[type, ...], module: str, doc: str | None) -> type:

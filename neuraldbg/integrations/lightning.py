@@ -1,6 +1,6 @@
 """PyTorch Lightning: ``Trainer(callbacks=[NeuralDbgCallback()])`` monitors ``trainer.fit``.
 
-``NeuralDbgCallback(export=None, **neuraldbg_kwargs)``:
+``NeuralDbgCallback(export=None, verbose=True, **neuraldbg_kwargs)``:
 
 - ``on_train_start``: a :class:`~neuraldbg.NeuralDbg` on the ``LightningModule`` with the
   trainer's optimizer when it has exactly one (with several, e.g. a GAN's, the monitor finds
@@ -24,10 +24,16 @@
 - ``on_fit_end`` / ``on_exception``: the monitor exits, the diagnosis is logged on the
   ``neuraldbg`` logger (``callback.diagnosis``) and the session exported when ``export`` is
   ``True`` (``trainer.log_dir``, the versioned folder of the trainer's first logger, else
-  ``default_root_dir``) or a path. ``callback.dbg`` answers every query after.
+  ``default_root_dir``) or a path. The final diagnosis's numbers (the tags above, with every
+  state logged during the run) go to every logger at ``trainer.global_step``, then
+  ``logger.save()``: the last row says what the verdict says (Lightning finalizes its loggers
+  after ``on_fit_end`` and ``on_exception``). One line with the verdict is printed to stdout
+  (``common.verdict_line``: "neuraldbg: no failure found (P(healthy) = 0.980)", or the top
+  cause and its fix; where the session went), logging set up or not; ``verbose=False``
+  prints nothing. ``callback.dbg`` answers every query after.
 
 Every rank of a distributed job measures (and exports its own session); only global rank
-zero logs the diagnosis, as Lightning's ``rank_zero_only`` would.
+zero logs and prints the diagnosis, as Lightning's ``rank_zero_only`` would.
 
 The class is built on first use of the name from the Lightning packages imported by then
 (``lightning.pytorch``, ``pytorch_lightning``; both when both are, so it fits either
@@ -50,8 +56,8 @@ _classes: dict[tuple, type] = {}
 class _Hooks(common.CallbackBase):
     """The callback's behaviour; mixed with the Lightning ``Callback`` base(s) on first use."""
 
-    def __init__(self, export: Any = None, **neuraldbg_kwargs: Any) -> None:
-        super().__init__(export, **neuraldbg_kwargs)
+    def __init__(self, export: Any = None, verbose: bool = True, **neuraldbg_kwargs: Any) -> None:
+        super().__init__(export, verbose, **neuraldbg_kwargs)
         self._scale = 1
         self._log_dir: str | None = None
         self._zero = True
@@ -60,7 +66,7 @@ class _Hooks(common.CallbackBase):
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         """A new fit: close a run that ended without ``on_fit_end``, forget the last diagnosis."""
         if self._active:
-            self._finish(trainer, None)
+            self._finish(trainer, None, to_loggers=False)
         self.diagnosis = None
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -68,7 +74,7 @@ class _Hooks(common.CallbackBase):
         being resumed is restored (after ``on_fit_start``: ``Trainer._run`` restores the
         training state between the two hooks)."""
         if self._active:  # a fit that ended without on_fit_end: close that run first
-            self._finish(trainer, None)
+            self._finish(trainer, None, to_loggers=False)
         opts = list(getattr(trainer, "optimizers", None) or [])
         if len(opts) > 1:
             common.log.info("neuraldbg: %d optimizers; the monitor finds those that step the module", len(opts))
@@ -136,21 +142,38 @@ class _Hooks(common.CallbackBase):
                 logger.log_metrics(metrics, step=self._live.step)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
-        """Exit the monitor, log the diagnosis, export when asked."""
+        """Exit the monitor, log the diagnosis (and its numbers to the trainer's loggers), export
+        when asked, print the verdict line."""
         self._finish(trainer, None)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         """The same when ``fit`` raises (the diagnosis of a crashed run is often the point)."""
         self._finish(trainer, exception)
 
-    def _finish(self, trainer: Any, exc: BaseException | None) -> None:
+    def _finish(self, trainer: Any, exc: BaseException | None, to_loggers: bool = True) -> None:
+        # to_loggers is off when a new fit closes a run left open: its loggers are not that run's
         if not self._active:
             return
         self._active = False
         folder = self._log_dir or getattr(trainer, "default_root_dir", None)
         target = common.guarded(self._reported, "choosing the session path", common.export_target, self.export,
                                 folder, getattr(trainer, "global_rank", None), getattr(trainer, "world_size", None))
-        self.diagnosis = common.finish(self.dbg, exc, target, announce=self._zero)
+        self.diagnosis = common.finish(self.dbg, exc, target, announce=self._zero, live=self._live)
+        if to_loggers and self.diagnosis is not None:
+            common.guarded(self._reported, "logging the final diagnosis to the trainer's loggers", self._log_final,
+                           trainer)
+        self._tell(self._zero)
+
+    def _log_final(self, trainer: Any) -> None:
+        # pl_module.log is refused in on_fit_end: the loggers are written to directly, at the
+        # step the trainer reached (after every live row), and saved, as their finalize would
+        loggers = list(getattr(trainer, "loggers", None) or [])
+        if not loggers or not self._zero or not self._live.metrics:
+            return
+        step = int(getattr(trainer, "global_step", 0) or 0)
+        for logger in loggers:
+            logger.log_metrics(dict(self._live.metrics), step=step)
+            logger.save()
 
 
 def _log_dir(trainer: Any) -> str | None:

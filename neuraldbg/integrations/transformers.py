@@ -1,6 +1,6 @@
 """Hugging Face ``Trainer``: ``Trainer(..., callbacks=[NeuralDbgCallback()])``.
 
-``NeuralDbgCallback(export=None, **neuraldbg_kwargs)`` is a ``transformers.TrainerCallback``:
+``NeuralDbgCallback(export=None, verbose=True, **neuraldbg_kwargs)`` is a ``transformers.TrainerCallback``:
 
 - ``on_train_begin``: a :class:`~neuraldbg.NeuralDbg` on the ``model`` the trainer passes,
   with its ``optimizer`` (accelerate's wrapper looked through). ``train(resume_from_checkpoint=...)``
@@ -27,14 +27,23 @@
   ``tensorboard``), the same numbers go to it under the tags of ``dbg.to_tensorboard``;
 - ``on_train_end``: the monitor exits, the diagnosis is logged on the ``neuraldbg`` logger
   (``callback.diagnosis``) and, when ``export`` is ``True`` (``args.output_dir``, next to the
-  checkpoints) or a path, the session is written there.
+  checkpoints) or a path, the session is written there. The final diagnosis's numbers (the
+  tags above, with every state logged during the run) are logged as ``Trainer.log`` does: an
+  entry ``{..., "step": state.global_step}`` appended to ``state.log_history`` and handed to
+  every callback's ``on_log`` (the ``report_to`` integrations, before their own
+  ``on_train_end`` closes them): the last entry with ``neuraldbg/p_healthy`` says what the
+  verdict says (the train summary the Trainer logs just before holds the last sync's); the
+  TensorBoard writer gets them too, at ``state.global_step``. Then
+  one line with the verdict is printed to stdout (through the Trainer's progress bar when it
+  has one; ``common.verdict_line``), logging set up or not; ``verbose=False`` prints nothing.
 
 Every process of a distributed job measures (and exports its own session); only the world's
-process zero (``state.is_world_process_zero``) logs the diagnosis.
+process zero (``state.is_world_process_zero``) logs and prints the diagnosis.
 
 The Trainer has no exception hook: when ``trainer.train()`` may raise, use the callback as a
 context manager (``with callback: trainer.train()``) or call ``callback.close()``, so the
-hooks come off and the crashed run is diagnosed too.
+hooks come off and the crashed run is diagnosed too (and its verdict printed; the Trainer's
+logs get no final entry then, no hook being left to log through).
 """
 from __future__ import annotations
 
@@ -53,8 +62,8 @@ _HANDLER_DEPTH = 4
 class _Hooks(common.CallbackBase):
     """The callback's behaviour, mixed with ``transformers.TrainerCallback`` on first use."""
 
-    def __init__(self, export: Any = None, **neuraldbg_kwargs: Any) -> None:
-        super().__init__(export, **neuraldbg_kwargs)
+    def __init__(self, export: Any = None, verbose: bool = True, **neuraldbg_kwargs: Any) -> None:
+        super().__init__(export, verbose, **neuraldbg_kwargs)
         self._handle: Any = None
         self._saw_loss = False
         self._output_dir: str | None = None
@@ -117,7 +126,8 @@ class _Hooks(common.CallbackBase):
         ``restore_callback_states_from_checkpoint`` is on)."""
         saved = common.guarded(self._reported, "saving the monitor state", common.callback_state, self.dbg,
                                None if self.dbg is None else int(self.dbg.step))
-        return {"args": _json_args(self.export, self.neuraldbg_kwargs), "attributes": {"resume_state": saved or None}}
+        return {"args": _json_args(self.export, {"verbose": self.verbose, **self.neuraldbg_kwargs}),
+                "attributes": {"resume_state": saved or None}}
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """The step is the optimizer step about to be taken (closing the last may sync)."""
@@ -180,11 +190,16 @@ class _Hooks(common.CallbackBase):
             last.update(self._live.metrics)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Exit the monitor, log the diagnosis, write the session when asked."""
-        self.close()
+        """Exit the monitor, log the diagnosis (and its numbers to the Trainer's logs), write the
+        session when asked, print the verdict line."""
+        self._close(None, (args, state, control))
 
     def close(self, exc: BaseException | None = None) -> common.Diagnosis | None:
-        """End the run now (idempotent): hooks off, diagnosis logged, session written."""
+        """End the run now (idempotent): hooks off, diagnosis logged, session written, verdict printed."""
+        return self._close(exc, None)
+
+    def _close(self, exc: BaseException | None, end: tuple[Any, Any, Any] | None) -> common.Diagnosis | None:
+        # end: on_train_end's (args, state, control), what logging through the Trainer takes
         if not self._active:
             return self.diagnosis
         self._active = False
@@ -193,9 +208,40 @@ class _Hooks(common.CallbackBase):
             self._handle = None
         target = common.guarded(self._reported, "choosing the session path", common.export_target, self.export,
                                 self._output_dir, self.dbg.rank, self.dbg.world_size)
-        self.diagnosis = common.finish(self.dbg, exc, target, announce=self._zero)
+        self.diagnosis = common.finish(self.dbg, exc, target, announce=self._zero, live=self._live)
+        if end is not None and self.diagnosis is not None:
+            common.guarded(self._reported, "logging the final diagnosis", self._log_final, *end)
+        self._tell(self._zero)
         self._handler = None
         return self.diagnosis
+
+    def _log_final(self, args: Any, state: Any, control: Any) -> None:
+        """What ``Trainer.log`` does (the Trainer is no argument of the hooks), with the final
+        numbers: the ``log_history`` entry, then every callback's ``on_log``; and the same
+        numbers to the TensorBoard writer, where the live ones went."""
+        logs = dict(self._live.metrics)
+        if not logs:
+            return
+        history = getattr(state, "log_history", None)
+        if isinstance(history, list):
+            history.append({**logs, "step": state.global_step})
+        writer = self._tensorboard_writer() if self._zero else None
+        if writer is not None:
+            for tag, value in logs.items():
+                writer.add_scalar(tag, value, state.global_step)
+        if self._handler is not None:
+            self._handler.on_log(args, state, control, logs)
+
+    def _write(self, line: str) -> None:
+        """Print ``line`` above the Trainer's progress bar when one is open (its own
+        ``on_train_end`` closes it after this callback's), else to stdout."""
+        for cb in getattr(self._handler, "callbacks", None) or ():
+            bar = getattr(cb, "training_bar", None)
+            if bar is not None and hasattr(bar, "write"):
+                bar.write(line, file=sys.stdout)
+                sys.stdout.flush()
+                return
+        common.say(line)
 
     def __enter__(self) -> Any:
         return self

@@ -75,3 +75,50 @@ def test_live_metrics_once_per_sync_and_states_kept_once_seen():
     assert live.poll(dbg) is None  # nothing new reached the host
     assert set(first) == {"neuraldbg/p_healthy", "neuraldbg/hypothesis/learning_rate=too_high"}
     assert first["neuraldbg/p_healthy"] == pytest.approx(dbg.posterior().p_healthy)
+
+
+# ---- the one line a callback prints when the run ends ------------------------------------------
+
+@pytest.mark.parametrize("p_healthy, top, start, has", [
+    (0.95, 0.05, "no failure found (P(healthy) = 0.950)", None),
+    (0.57, 0.42, "no failure found (P(healthy) = 0.570); weaker lead: learning_rate is too high (p=0.42)", None),
+    (0.12, 0.85, "learning_rate is too high (p=0.85); fix: Lower the learning rate", "fix: "),
+    (0.45, 0.15, "something is off (P(healthy) = 0.450 < 0.5) but no single cause", None),
+])
+def test_the_verdict_line_is_one_line_for_every_verdict(p_healthy, top, start, has):
+    d = common.finish(StubMonitor(p_healthy, top), None, None)
+    line = common.verdict_line(d)
+    assert line.startswith(start) and "\n" not in line and ".;" not in line
+    assert line.count("fix: ") == (1 if has else 0)
+    assert "session at" not in line
+
+
+def test_the_verdict_line_says_where_the_session_went():
+    d = common.Diagnosis(p_healthy=0.98, hypotheses=(), text="", session_path="/runs/neuraldbg_session.json")
+    assert common.verdict_line(d) == "no failure found (P(healthy) = 0.980); session at /runs/neuraldbg_session.json"
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_verbose_is_true_or_false_and_anything_else_names_both(bad):
+    assert common.check_verbose(True) is True and common.check_verbose(False) is False
+    with pytest.raises(TypeError, match=r"verbose must be True .* or False .*got "):
+        common.check_verbose(bad)
+
+
+def test_settle_takes_the_final_posterior_and_keeps_every_state_seen():
+    """The last row a framework gets is the verdict's, with a column for each state logged before
+    (so a state that faded has its final value) and each new one."""
+    live = common.LiveMetrics()
+    live.settle(Posterior({"learning_rate": {"ok": 0.3, "too_high": 0.7, "too_low": 0.0}}, 0.2))  # as at a sync
+    step = live.step
+    final = live.settle(Posterior({"learning_rate": {"ok": 0.9, "too_high": 0.05, "too_low": 0.05},
+                                   "initialization": {"ok": 0.6, "too_large": 0.4}}, 0.55))
+    assert final == {"neuraldbg/p_healthy": 0.55, "neuraldbg/hypothesis/learning_rate=too_high": 0.05,
+                     "neuraldbg/hypothesis/initialization=too_large": 0.4}
+    assert live.metrics == final and live.step == step
+
+
+def test_finish_settles_the_live_numbers_on_the_verdict():
+    live = common.LiveMetrics()
+    d = common.finish(StubMonitor(0.12, 0.85), None, None, live=live)
+    assert live.metrics == {"neuraldbg/p_healthy": d.p_healthy, "neuraldbg/hypothesis/learning_rate=too_high": 0.85}

@@ -12,7 +12,8 @@ L = pytest.importorskip("lightning.pytorch", reason="the lightning extra is not 
 
 from neuraldbg import load_session  # noqa: E402
 from neuraldbg.integrations import lightning as integration  # noqa: E402
-from tiny_task import LR, STEPS, batches, make_model, optimizer, plain_run, top_cause  # noqa: E402
+from neuraldbg.integrations.common import verdict_line  # noqa: E402
+from tiny_task import LR, LR_TOO_HIGH, STEPS, batches, make_model, optimizer, plain_run, top_cause  # noqa: E402
 
 
 def module_class(pl):
@@ -71,7 +72,7 @@ def test_lr_x1000_diagnosed_like_the_plain_loop(tmp_path, caplog):
     assert top_cause(cb.dbg) == top_cause(plain)
     assert cb.diagnosis.hypotheses[0].cause == "learning_rate"
     logged = [r.getMessage() for r in warnings_of(caplog)]
-    assert any("learning_rate is too high" in m for m in logged)
+    assert any(LR_TOO_HIGH.search(m) for m in logged)
     assert cb.diagnosis.session_path == str(path)
     assert top_cause(load_session(path)) == ("learning_rate", "too_high")
 
@@ -95,12 +96,13 @@ def test_training_is_bitwise_unchanged():
         assert torch.equal(p, q)
 
 
-def test_exception_in_fit_exits_the_monitor_and_diagnoses():
+def test_exception_in_fit_exits_the_monitor_and_diagnoses(capsys):
     cb = integration.NeuralDbgCallback()
     with pytest.raises(RuntimeError, match="injected failure"):
         fit(LR, callback=cb, fail_at=10)
     assert not cb.dbg.active  # every hook removed
     assert cb.diagnosis is not None and cb.dbg.trace().last_step == 9  # step 10 never got a forward
+    assert verdict_lines(capsys) == [f"neuraldbg: {verdict_line(cb.diagnosis)}"]  # a crash is told too
 
 
 def test_neuraldbg_kwargs_pass_through_and_bad_ones_name_the_valid():
@@ -113,6 +115,46 @@ def test_neuraldbg_kwargs_pass_through_and_bad_ones_name_the_valid():
         integration.NeuralDbgCallback(optimizer=None)
     with pytest.raises(TypeError, match="export must be"):
         integration.NeuralDbgCallback(export=3)
+
+
+# ---- the verdict, printed: a fit with no logging set up still says how it went -----------------
+
+def verdict_lines(capsys):
+    """The lines printed to stdout that start with ``neuraldbg: ``."""
+    return [line for line in capsys.readouterr().out.splitlines() if line.startswith("neuraldbg: ")]
+
+
+def test_a_healthy_fit_prints_one_verdict_line(capsys):
+    cb = integration.NeuralDbgCallback()
+    fit(LR, callback=cb)
+    assert cb.diagnosis.healthy
+    assert verdict_lines(capsys) == [f"neuraldbg: no failure found (P(healthy) = {cb.diagnosis.p_healthy:.3f})"]
+
+
+def test_a_failing_fit_prints_its_cause_and_fix_and_the_session(tmp_path, capsys):
+    path = tmp_path / "run.json"
+    cb = integration.NeuralDbgCallback(export=path)
+    fit(LR * 1000, callback=cb)
+    (line,) = verdict_lines(capsys)
+    top = cb.diagnosis.hypotheses[0]
+    assert top.cause == "learning_rate" and not cb.diagnosis.healthy
+    assert line.startswith(f"neuraldbg: {top.description.rstrip('.')}; fix: ")
+    assert line.endswith(f"; session at {path}")
+
+
+def test_verbose_false_prints_nothing(capsys):
+    cb = integration.NeuralDbgCallback(verbose=False)
+    fit(LR * 1000, callback=cb)
+    assert cb.diagnosis is not None and not cb.diagnosis.healthy
+    assert "neuraldbg" not in capsys.readouterr().out
+
+
+def test_verbose_is_checked_like_the_other_arguments():
+    with pytest.raises(TypeError, match=r"verbose must be True .* or False .*got str"):
+        integration.NeuralDbgCallback(verbose="no")
+    cb = integration.NeuralDbgCallback("run.json", False, every=2)
+    assert (cb.export, cb.verbose, cb.neuraldbg_kwargs) == ("run.json", False, {"every": 2})
+    assert repr(cb) == "NeuralDbgCallback(export='run.json', verbose=False, **{'every': 2})"
 
 
 def test_both_import_paths():

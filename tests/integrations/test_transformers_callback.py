@@ -13,9 +13,10 @@ transformers = pytest.importorskip("transformers", reason="the transformers extr
 pytest.importorskip("accelerate", reason="the Trainer needs accelerate")
 
 from neuraldbg import load_session  # noqa: E402
+from neuraldbg.integrations import common  # noqa: E402
 from neuraldbg.integrations import transformers as integration  # noqa: E402
 from neuraldbg.integrations.common import SESSION_FILE  # noqa: E402
-from tiny_task import LR, STEPS, batches, make_model, optimizer, plain_run, top_cause  # noqa: E402
+from tiny_task import LR, LR_TOO_HIGH, STEPS, batches, make_model, optimizer, plain_run, top_cause  # noqa: E402
 
 
 class Tiny(torch.nn.Module):
@@ -85,7 +86,7 @@ def test_lr_x1000_diagnosed_like_the_plain_loop_and_session_next_to_checkpoints(
     train(LR * 1000, tmp_path, callback=cb)
     assert top_cause(plain_run(LR * 1000)) == ("learning_rate", "too_high")
     assert top_cause(cb.dbg) == ("learning_rate", "too_high")
-    assert any("learning_rate is too high" in r.getMessage() for r in warnings_of(caplog))
+    assert any(LR_TOO_HIGH.search(r.getMessage()) for r in warnings_of(caplog))
     path = tmp_path / "out" / SESSION_FILE
     assert cb.diagnosis.session_path == str(path)
     assert top_cause(load_session(path)) == ("learning_rate", "too_high")
@@ -134,7 +135,51 @@ def test_bad_arguments_name_the_valid_ones():
         integration.NeuralDbgCallback(evry=2)
     with pytest.raises(TypeError, match="takes them from the trainer"):
         integration.NeuralDbgCallback(model=None)
+    with pytest.raises(TypeError, match=r"verbose must be True .* or False .*got int"):
+        integration.NeuralDbgCallback(verbose=0)
     assert isinstance(integration.NeuralDbgCallback(), transformers.TrainerCallback)
+
+
+# ---- the verdict, printed: a train() with no logging set up still says how it went -------------
+
+def verdict_lines(capsys):
+    """The lines printed to stdout that start with ``neuraldbg: ``."""
+    return [line for line in capsys.readouterr().out.splitlines() if line.startswith("neuraldbg: ")]
+
+
+def test_a_healthy_train_prints_one_verdict_line_past_the_progress_bar(tmp_path, capsys):
+    cb = integration.NeuralDbgCallback()
+    train(LR, tmp_path, callback=cb, disable_tqdm=False)  # a user's default: the bar is still open then
+    assert cb.diagnosis.healthy
+    assert verdict_lines(capsys) == [f"neuraldbg: no failure found (P(healthy) = {cb.diagnosis.p_healthy:.3f})"]
+
+
+def test_a_failing_train_prints_its_cause_and_fix_and_the_session(tmp_path, capsys):
+    cb = integration.NeuralDbgCallback(export=True)
+    train(LR * 1000, tmp_path, callback=cb)
+    (line,) = verdict_lines(capsys)
+    top = cb.diagnosis.hypotheses[0]
+    assert top.cause == "learning_rate" and not cb.diagnosis.healthy
+    assert line.startswith(f"neuraldbg: {top.description.rstrip('.')}; fix: ")
+    assert line.endswith(f"; session at {tmp_path / 'out' / SESSION_FILE}")
+
+
+def test_verbose_false_prints_nothing_and_survives_the_checkpoint(tmp_path, capsys):
+    cb = integration.NeuralDbgCallback(verbose=False)
+    train(LR * 1000, tmp_path, callback=cb)
+    assert cb.diagnosis is not None and not cb.diagnosis.healthy
+    assert verdict_lines(capsys) == []  # (the Trainer's own PrinterCallback still echoes every log dict)
+    # the Trainer rebuilds a restored callback from these arguments
+    assert cb.state()["args"] == {"export": None, "verbose": False}
+    assert repr(cb) == "NeuralDbgCallback(export=None, verbose=False, **{})"
+
+
+def test_a_crash_under_the_context_manager_prints_the_verdict_too(tmp_path, capsys):
+    cb = integration.NeuralDbgCallback()
+    with pytest.raises(RuntimeError, match="injected failure"):
+        with cb:
+            train(LR, tmp_path, callback=cb, model=Tiny(fail_at=20))
+    assert verdict_lines(capsys) == [f"neuraldbg: {common.verdict_line(cb.diagnosis)}"]
 
 
 # ---- train(resume_from_checkpoint=...): the restored weights are not an initialization ---------
@@ -205,7 +250,7 @@ def test_the_monitor_state_is_in_trainer_state_json(tmp_path):
     resumable(LR, tmp_path, STEPS, integration.NeuralDbgCallback()).train()
     saved = json.loads((tmp_path / "out" / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())
     state = saved["stateful_callbacks"]["NeuralDbgCallback"]
-    assert state["args"] == {"export": None}
+    assert state["args"] == {"export": None, "verbose": True}
     resume_state = state["attributes"]["resume_state"]
     assert resume_state["version"] == 1 and resume_state["started_at_init"] is True
     doc = resume_state["session"]

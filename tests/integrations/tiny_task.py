@@ -3,6 +3,7 @@ task, pre-generated batches, and the plain monitored loop the callbacks are comp
 from __future__ import annotations
 
 import logging
+import re
 import sys
 
 import torch
@@ -13,6 +14,8 @@ from neuraldbg.examples import build_model
 
 LR = 0.05          # the examples' healthy SGD learning rate for the MLP
 STEPS = 50
+#: a too-high learning rate as the diagnosis's sentences name it ("learning rate too high (p = 1.00)")
+LR_TOO_HIGH = re.compile(r"learning rate too high \(p = ")
 
 
 def make_model(seed: int = 0) -> torch.nn.Module:
