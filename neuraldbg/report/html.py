@@ -14,6 +14,7 @@ banner saying there is no diagnosis instead of a verdict: the posterior is then 
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -37,27 +38,34 @@ MAX_EVIDENCE = 8
 #: steps at which the report evaluates the posterior timeline
 TIMELINE_POINTS = 120
 
-#: the page's only styles. Responsive: charts shrink with the viewport (``max-width:100%``,
-#: the SVG keeps its aspect ratio), long names wrap, a table wider than the screen scrolls in
-#: its own box: the page itself never scrolls sideways, from a phone (320 px) up.
+#: the page's only styles. Responsive: charts are laid out at the page's width, never scaled,
+#: so their text stays at 11 px (:mod:`neuraldbg.report.svg`); a label too long for a phone has a
+#: short variant shown below 600 px (``wide-only`` / ``narrow-only``); legends and long names
+#: wrap; a table wider than the screen, or anything a chart could not fit, scrolls in its own
+#: box: the page itself never scrolls sideways, from a phone (320 px) up.
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:960px;color:#222;
 padding:0 12px;overflow-wrap:anywhere}
-svg{max-width:100%;height:auto;display:block}.scroll{overflow-x:auto;max-width:100%}
+svg{display:block;overflow:visible}.scroll,.plot,.bars{overflow-x:auto;max-width:100%}
+.plot{padding:0 RIGHTpx 0 LEFTpx}.bars{max-width:640px}.narrow-only{display:none}
+@media (max-width:BELOWpx){.wide-only{display:none}.narrow-only{display:inline}ol.hyps{padding-left:22px}}
+.legend{display:flex;flex-wrap:wrap;gap:2px 16px;list-style:none;padding:0;margin:4px 0 8px;font-size:12px}
 code{font:12.5px ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;background:#f1f1f1;padding:0 3px;
 border-radius:3px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;border-bottom:1px solid #ddd;padding-bottom:3px;margin-top:28px}
 h3{font-size:14px;margin:14px 0 4px}.muted{color:#666}.muted a{color:inherit}.big{font-size:30px;font-weight:600}
 .ok{color:#2e7d32}.bad{color:#c62828}svg text{font:11px system-ui,sans-serif;fill:#333}
-svg .layer{font-size:11px}ol.hyps>li{margin:0 0 14px}.fix{background:#f4f8ec;padding:4px 8px;border-radius:4px}
-table{border-collapse:collapse;font-size:12px;margin-top:4px}td,th{border-bottom:1px solid #eee;padding:2px 8px;
-text-align:left}.chain{display:flex;flex-wrap:wrap;align-items:center;gap:4px;margin:6px 0 12px}
+svg .layer,svg .layer-short{font-size:11px;paint-order:stroke;stroke:#fff;stroke-width:3px;stroke-linejoin:round}
+ol.hyps>li{margin:0 0 14px}.fix{background:#f4f8ec;padding:4px 8px;border-radius:4px}
+table{border-collapse:collapse;font-size:12px;margin-top:4px}td,th{border-bottom:1px solid #eee;padding:2px 6px;
+text-align:left;white-space:nowrap}td.where{white-space:normal;overflow-wrap:normal;min-width:9em}
+.chain{display:flex;flex-wrap:wrap;align-items:center;gap:4px;margin:6px 0 12px}
 .node{border:1px solid #bbb;border-radius:4px;padding:3px 8px;background:#fafafa;font-size:12px}
 .node.root{background:#fdecea;border-color:#e45756;font-weight:600}.arrow{color:#888}
 .swatch{display:inline-block;width:10px;height:10px;margin-right:4px;border-radius:2px}
 .banner{background:#fff4e5;border-left:4px solid #ef8f00;padding:8px 12px;border-radius:4px;font-size:16px}
 .warn{color:#a15c00}ul.unobs{padding-left:20px;margin:4px 0}ul.unobs>li{margin:0 0 4px}
-"""
+""".replace("RIGHT", str(svg.RIGHT)).replace("LEFT", str(svg.LEFT)).replace("BELOW", f"{svg.BREAKPOINT - 0.02:g}")
 
 
 @dataclass(frozen=True)
@@ -154,7 +162,8 @@ def _loss(d: ReportData) -> str:
     if t.events:
         body += svg.legend(_kinds(t.events))
     note = (f'<p class="muted">{t.loss.n} losses recorded ({len(t.loss.history)} drawn), '
-            f'{t.loss.n_nonfinite} non-finite; dashed lines mark event onsets.</p>')
+            f'{t.loss.n_nonfinite} non-finite{" (red on the top edge)" if t.loss.n_nonfinite else ""}; '
+            f'dashed lines mark event onsets.</p>')
     return _section("loss", "Loss curve and events", body + note)
 
 
@@ -163,8 +172,11 @@ def _timeline(d: ReportData) -> str:
     series = [("P(healthy)", "#2e7d32", [(pt.step, pt.p_healthy) for pt in d.timeline])]
     palette = ("#e45756", "#4c78a8", "#f58518")
     for h, col in zip(d.hypotheses[:3], palette):
-        series.append((f"{h.cause}={h.state}", col, [(pt.step, pt.probability(h.cause, h.state)) for pt in d.timeline]))
-    return _section("timeline", "Diagnosis over the run", svg.probability_chart(series, t.first_step, t.last_step)
+        series.append((f"{h.cause} = {h.state}", col, [(pt.step, pt.probability(h.cause, h.state))
+                                                       for pt in d.timeline]))
+    return _section("timeline", "Diagnosis over the run",
+                    svg.legend_html((name, col) for name, col, _ in series)
+                    + svg.probability_chart(series, t.first_step, t.last_step)
                     + '<p class="muted">The posterior as of each checked step, from the events seen up to it.</p>')
 
 
@@ -172,7 +184,7 @@ def _facet(events, trace: Trace) -> str:
     names = {e.layer for e in events if e.layer is not None}
     layers = [li.name for li in sorted(trace.layers, key=lambda li: li.index) if li.name in names]
     layers += sorted(n for n in names if n not in set(layers))  # layers the trace does not list
-    props = [p.order for p in compress(events, trace.layer_index)]
+    props = [(p.kind, p.order) for p in compress(events, trace.layer_index)]
     return svg.event_map(events, layers, trace.first_step, trace.last_step, props,
                          types={li.name: li.type for li in trace.layers})
 
@@ -210,12 +222,46 @@ def _posterior(d: ReportData) -> str:
     return _section("posterior", "Posterior", svg.bars(rows))
 
 
+def span_text(step: int, end_step: int | None = None) -> str:
+    """An event's steps as the table writes them: ``step 7`` for one step, ``steps 7-12``."""
+    return f"step {step}" if end_step is None or end_step == step else f"steps {step}-{end_step}"
+
+
+def significant(x: float, digits: int = 3) -> str:
+    """``x`` to ``digits`` significant digits as HTML (trailing zeros dropped), never rounded
+    to a misleading 0: plain digits from 0.001 to 10^6 (``0.00715``, ``1230``, ``6``), a power
+    of ten beyond (``4.34×10<sup>−6</sup>``); ``0`` only for zero itself."""
+    if x == 0 or not math.isfinite(x):
+        return "0" if x == 0 else escape(str(x))
+
+    def trim(text: str) -> str:  # 6.00 -> 6, 0.0120 -> 0.012: the digits that carry information
+        return text.rstrip("0").rstrip(".") if "." in text else text
+
+    mantissa, exp = f"{x:.{digits - 1}e}".split("e")
+    e = int(exp)
+    if -3 <= e < 6:
+        return trim(f"{float(mantissa) * 10.0 ** e:.{max(0, digits - 1 - e)}f}").replace("-", "−")
+    return f"{trim(mantissa)}×10<sup>{e}</sup>".replace("-", "−")
+
+
+def _breakable(name: str) -> str:
+    """A dotted layer name, escaped, that may wrap after each dot (a table cell on a phone)."""
+    return "<wbr>".join(escape(part) for part in re.split(r"(?<=\.)", name))
+
+
+def _measured(e: Event) -> str:
+    """The values that triggered an event, as its severity cell's tooltip."""
+    return ", ".join(f"{k} {v:.4g}" for k, v in e.values)
+
+
 def _event_table(events) -> str:
     ranked = any(e.rank is not None for e in events)  # the rank column only for distributed runs
     rows = "".join(f"<tr><td><span class='swatch' style='background:{svg.color(e.kind)}'></span>{escape(e.kind)}"
-                   f"</td><td>{escape(_where(e))}</td><td>{e.step}-{e.end_step}</td><td>{e.count}</td>"
+                   f"</td><td class='where'>{_breakable(_where(e))}</td><td>{span_text(e.step, e.end_step)}</td>"
+                   f"<td>{e.count}</td>"
                    + (f"<td>{'all' if e.rank is None else e.rank}</td>" if ranked else "")
-                   + f"<td>{e.severity:.3g}</td></tr>"
+                   + (f"<td title='{escape(_measured(e))}'>" if e.values else "<td>")
+                   + f"{significant(e.severity)}</td></tr>"
                    for e in events[:MAX_EVIDENCE])
     more = (f"<tr><td colspan=6 class='muted'>... {len(events) - MAX_EVIDENCE} more events</td></tr>"
             if len(events) > MAX_EVIDENCE else "")

@@ -108,7 +108,7 @@ def test_every_section_of_a_failed_run(lr_run):
     assert f"{chain.cause} = {chain.state}" in ctext
     assert f"in {chain.first_layer} at step {chain.first_step}" in ctext
     assert "P(healthy)" in page.section_text("timeline")
-    assert "learning_rate=too_high" in page.section_text("timeline")
+    assert "learning_rate = too_high" in page.section_text("timeline")  # the legend, as the posterior writes it
 
 
 def test_backticks_are_rendered_as_code_and_probabilities_share_one_format(lr_run):
@@ -120,7 +120,7 @@ def test_backticks_are_rendered_as_code_and_probabilities_share_one_format(lr_ru
     top = lr_run.dbg.get_causal_hypotheses()[0]
     assert f"<code>{top.origin_layer}</code>" in text
     card = re.search(r"<li><b>[^<]*</b> \(p = ([0-9.]+)\)", text).group(1)
-    assert f"p={card}" in top.description  # the card and its sentence: one number, two decimals
+    assert f"(p = {card})" in top.description  # the card and its sentence: one number, two decimals
     bars = [t for t in page.text["posterior"] if re.fullmatch(r"\d\.\d+", t)]
     assert bars and all(re.fullmatch(r"\d\.\d\d", t) for t in bars)
 
@@ -222,3 +222,43 @@ def test_the_verdict_is_the_library_one(lr_run):
         post = Posterior({"learning_rate": {"ok": 0.58, "too_high": 0.42, "too_low": 0.0}}, p_healthy)
         d = ReportData(trace=lr_run.dbg.trace(), posterior=post, hypotheses=(hyp,), chains=(), timeline=(), ranks=())
         assert expect in Page(_summary(d)).prose("summary")
+
+
+@pytest.mark.parametrize("step, end, text", [(1, 1, "step 1"), (1, None, "step 1"), (2, 4, "steps 2-4"),
+                                             (0, 59, "steps 0-59")])
+def test_one_step_reads_as_one_step(step, end, text):
+    from neuraldbg.report.html import span_text
+
+    assert span_text(step, end) == text
+
+
+@pytest.mark.parametrize("x, text", [(0.0, "0"), (6.0, "6"), (10.8, "10.8"), (6.41, "6.41"), (0.0744, "0.0744"),
+                                     (0.00714987, "0.00715"), (0.000412, "4.12×10<sup>−4</sup>"), (1234.0, "1230"),
+                                     (4.3412e-6, "4.34×10<sup>−6</sup>"), (3.14159e9, "3.14×10<sup>9</sup>"),
+                                     (-0.5, "−0.5")])
+def test_a_severity_shows_three_significant_digits_and_never_a_false_zero(x, text):
+    from neuraldbg.report.html import significant
+
+    assert significant(x) == text
+
+
+def test_the_evidence_table_writes_one_step_and_a_small_severity_as_they_are():
+    """Regression: the table listed an ``exploding`` event over "steps 1-1" with severity 0. An
+    exploding gradient's severity is log10 of its growth over the layer's baseline, 0 when a
+    gradient above the absolute ceiling has not grown (``neuraldbg/events/gradient.py``), and
+    tiny when it barely has; a one-step event is "step 1", and the severity keeps its magnitude,
+    with the measured values that triggered it on hover."""
+    from neuraldbg.events.base import Event
+    from neuraldbg.report.html import _event_table
+
+    values = {"grad_rms": 10.0095, "baseline_rms": float("nan"), "growth": 1.00095}
+    events = [Event("gradient_health_transition", "exploding", "model.encoder.layer.11.attention.self.query", 1,
+                    severity=0.000412, values=values),
+              Event("gradient_health_transition", "exploding", "fc2", 12, severity=0.0),
+              Event("optimizer_instability", "divergence", None, 4, end_step=59, count=56, severity=6.41)]
+    table = _event_table(events)
+    cells = [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", table)]
+    assert cells[2:6] == ["step 1", "1", "4.12×10−4", "exploding"]
+    assert "steps 1-1" not in table and "step 12" in cells and "steps 4-59" in cells
+    assert "title='baseline_rms nan, grad_rms 10.01, growth 1.001'" in table  # what triggered it, on hover
+    assert "model.<wbr>encoder.<wbr>layer.<wbr>11." in table  # a long name may wrap at its dots
