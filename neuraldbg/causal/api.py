@@ -67,10 +67,27 @@ def _setup(trace: Trace, priors: Any) -> tuple[CompiledNetwork, _evidence.Eviden
     pri = resolve_priors(trace, priors)
     net = compiled(pri)
     ev = _evidence.extract(trace, net.network)
-    marg, p_ok = net.posterior(ev.observed)
+    ruled_out = impossible(trace)
+    marg, p_ok = net.posterior(ev.observed, ruled_out)
     nothing = trace.loss.n == 0 and not TraceView(trace).watched
-    post = Posterior(marg, p_ok, evidence=ev.observed, source=pri.source, nothing_observed=nothing)
+    post = Posterior(marg, p_ok, evidence=ev.observed, source=pri.source, nothing_observed=nothing,
+                     ruled_out=ruled_out)
     return net, ev, post
+
+
+def impossible(trace: Trace) -> dict[tuple[str, str], str]:
+    """The root states ``trace`` lacks the preconditions of (``neuraldbg/causal/nodes/``,
+    ``PRECONDITIONS``), each with why: they have probability 0 whatever else the run shows, so
+    that no hypothesis rests on evidence its own cause does not produce."""
+    from neuraldbg.causal.nodes import preconditions
+
+    view = TraceView(trace)
+    out: dict[tuple[str, str], str] = {}
+    for pre in preconditions():
+        why = pre.lacks(view)
+        if why is not None:
+            out[(pre.cause, pre.state)] = f"{pre.needs}: {why}"
+    return out
 
 
 def evidence(trace: Trace) -> _evidence.Evidence:

@@ -10,7 +10,7 @@ zero column, i.e. it is marginalized exactly (its CPD column sums to 1), never r
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -180,18 +180,25 @@ class CompiledNetwork:
         posteriors ``p`` ``(N, H)``."""
         return {v: p @ self._onehot[v] for v in self._root_names}, p @ self.healthy_mask.astype(float)
 
-    def posterior(self, evidence: Mapping[str, str | Sequence[str]]) -> tuple[dict[str, dict[str, float]], float]:
-        """Root marginals ``{var: {state: p}}`` and ``P(healthy)`` for one evidence dict."""
-        joint = self.root_joint_posterior(evidence).reshape(self.root_cards)
+    def posterior(self, evidence: Mapping[str, str | Sequence[str]], exclude: Iterable[tuple[str, str]] = ()
+                  ) -> tuple[dict[str, dict[str, float]], float]:
+        """Root marginals ``{var: {state: p}}`` and ``P(healthy)`` for one evidence dict;
+        ``exclude``: root states the run makes impossible (probability 0, the rest renormalized)."""
+        joint = self.root_joint_posterior(evidence, exclude).reshape(self.root_cards)
         marg = {}
         for i, v in enumerate(self._root_names):
             probs = joint.sum(axis=tuple(a for a in range(joint.ndim) if a != i))
             marg[v] = {s: float(x) for s, x in zip(self.states[v], probs)}
         return marg, float(joint.flat[0])  # every root at its first state, ok
 
-    def root_joint_posterior(self, evidence: Mapping[str, str | Sequence[str]]) -> np.ndarray:
-        """Posterior over the root joint states (index with :meth:`root_joint_index`)."""
-        return self.sum_latents(self._normalize(self.log_joint_one(evidence)))
+    def root_joint_posterior(self, evidence: Mapping[str, str | Sequence[str]],
+                             exclude: Iterable[tuple[str, str]] = ()) -> np.ndarray:
+        """Posterior over the root joint states (index with :meth:`root_joint_index`), without
+        the hidden states of any excluded ``(root, state)``."""
+        lj = self.log_joint_one(evidence)
+        for var, state in exclude:
+            lj[self.index[var] == self.states[var].index(state)] = -np.inf
+        return self.sum_latents(self._normalize(lj))
 
     def sum_latents(self, x: np.ndarray) -> np.ndarray:
         """``x`` over the hidden states (first axis), summed over the latents: the same over

@@ -58,6 +58,27 @@ Extractor = Callable[[Any], "Reading | None"]
 
 
 @dataclass(frozen=True)
+class Precondition:
+    """A root state that is possible only where the run has what it needs.
+
+    ``lacks(view)`` returns why the run lacks it (the state then has probability 0 in the
+    posterior, whatever else the run shows), or ``None`` when it has it or cannot tell: an
+    unknown precondition never rules a state out. ``needs`` says what in a few words. Declared
+    in a node module's ``PRECONDITIONS``, next to the evidence the state produces.
+    """
+
+    cause: str
+    state: str
+    needs: str
+    lacks: Callable[[Any], "str | None"]
+    why: str = ""
+
+    def __post_init__(self) -> None:
+        if self.state not in ROOTS.get(self.cause, ())[1:]:
+            raise ValueError(f"a precondition names an abnormal root state; {self.cause}={self.state} is none")
+
+
+@dataclass(frozen=True)
 class NoisyMax:
     """A leaky noisy-MAX node.
 

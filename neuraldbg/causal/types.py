@@ -176,16 +176,20 @@ class Posterior(dict):
     evidence the posterior conditions on (unobserved variables are absent), ``.source`` the
     prior source (family name or file path). ``.nothing_observed``: the monitor saw neither a
     loss nor any layer statistics, so this is the prior and no finding about the run.
+    ``.ruled_out``: ``(variable, state) -> why`` for the states the run lacks the preconditions of
+    (probability 0 here).
     """
 
     def __init__(self, marginals: Mapping[str, Mapping[str, float]], p_healthy: float,
-                 evidence: Mapping[str, str] | None = None, source: str = "", nothing_observed: bool = False) -> None:
+                 evidence: Mapping[str, str] | None = None, source: str = "", nothing_observed: bool = False,
+                 ruled_out: Mapping[tuple[str, str], str] | None = None) -> None:
         super().__init__({v: dict(d) for v, d in marginals.items()})
         self["healthy"] = {"yes": float(p_healthy), "no": float(1.0 - p_healthy)}
         self.p_healthy = float(p_healthy)
         self.evidence = dict(evidence or {})
         self.source = source
         self.nothing_observed = bool(nothing_observed)
+        self.ruled_out = dict(ruled_out or {})
 
     @property
     def is_healthy(self) -> bool:
@@ -205,7 +209,7 @@ class Posterior(dict):
 
     def __reduce__(self):  # keep extra attributes through pickle/copy
         marg = {k: v for k, v in self.items() if k != "healthy"}
-        return (Posterior, (marg, self.p_healthy, self.evidence, self.source, self.nothing_observed))
+        return (Posterior, (marg, self.p_healthy, self.evidence, self.source, self.nothing_observed, self.ruled_out))
 
 
 @dataclass(frozen=True)

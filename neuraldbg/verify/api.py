@@ -145,7 +145,7 @@ def verify(dbg: Any, replay: Callable, steps: int = DEFAULT_STEPS, top: int = DE
     net = capi.compiled(pri)
     ev = capi.evidence(trace)
     before = capi.posterior(trace, pri)
-    joint = net.root_joint_posterior(ev.observed)
+    joint = net.root_joint_posterior(ev.observed, before.ruled_out)
     built = {(h.cause, h.state): h for h in _hyp.hypotheses(trace, before, net, ev, floor=0.0)}
     lost = retention_not_kept(ev.observed.get("retention"))  # the reference is a symptom (outcome.py)
     end_state = capture(dbg.root, dbg.optimizer, dbg.scaler, trace.last_step + 1, snaps.tracked, full=True)
@@ -162,7 +162,7 @@ def verify(dbg: Any, replay: Callable, steps: int = DEFAULT_STEPS, top: int = DE
     after_joint = L.update(joint, observed, table)
     marg, p_ok = L.marginals(after_joint)
     after = Posterior(marg, p_ok, evidence={**ev.observed, **{f"verify:{lab}": o for lab, o in observed}},
-                      source=before.source)
+                      source=before.source, ruled_out=before.ruled_out)
     by_label = {t.label: t for t in tests}
     hyps = []
     for c, s, p in after.abnormal():

@@ -153,3 +153,15 @@ def test_likelihood_ratio_matches_direct_computation():
     assert lr == pytest.approx(m[net.root_joint_index({"data": "corrupted"}), col] / m[0, col])
     assert lr > 100
     assert net.likelihood_ratio("data_nan", "input", "learning_rate", "too_high") == pytest.approx(1.0)
+
+
+def test_an_excluded_root_state_has_probability_zero_and_the_rest_is_conditioned_on_it():
+    net = net_for("mlp")
+    ev = {"progress": "stalled", "loss_pattern": "flat"}
+    marg, p_ok = net.posterior(ev)
+    ex_marg, ex_ok = net.posterior(ev, [("learning_rate", "too_low")])
+    assert ex_marg["learning_rate"]["too_low"] == 0.0
+    keep = 1.0 - marg["learning_rate"]["too_low"]
+    assert ex_marg["learning_rate"]["too_high"] == pytest.approx(marg["learning_rate"]["too_high"] / keep)
+    assert ex_ok == pytest.approx(p_ok / keep)
+    assert sum(ex_marg["data"].values()) == pytest.approx(1.0)

@@ -2,10 +2,12 @@
 
 Each module here may define ``NODES`` (latent and evidence nodes; an evidence node carries its
 extractor), ``SIGNATURES`` (the measured quantities its extractors read, see
-:class:`neuraldbg.trace.Signature`) and ``ORDER`` (where its nodes stand among the others: the
-order readings are listed in; default 100). :func:`nodes` and :func:`signature_table` collect
-them from every module of this package: adding a node or a signature is one entry in one
-module (``docs/architecture.md``, "adding a signature"). Pure Python: no torch, no pgmpy.
+:class:`neuraldbg.trace.Signature`), ``PRECONDITIONS`` (what a root state needs of the run to
+be possible at all, :class:`neuraldbg.causal.structure.Precondition`) and ``ORDER`` (where its
+nodes stand among the others: the order readings are listed in; default 100). :func:`nodes`,
+:func:`preconditions` and :func:`signature_table` collect them from every module of this
+package: adding a node or a signature is one entry in one module (``docs/architecture.md``,
+"adding a signature"). Pure Python: no torch, no pgmpy.
 """
 from __future__ import annotations
 
@@ -32,6 +34,11 @@ def modules() -> list[ModuleType]:
 def nodes() -> tuple[Any, ...]:
     """Every declared node (latent and evidence), in module order then declaration order."""
     return tuple(n for m in modules() for n in getattr(m, "NODES", ()))
+
+
+def preconditions() -> tuple[Any, ...]:
+    """Every declared precondition of a root state (:class:`neuraldbg.causal.structure.Precondition`)."""
+    return tuple(p for m in modules() for p in getattr(m, "PRECONDITIONS", ()))
 
 
 def signature_table() -> Mapping[str, Signature]:

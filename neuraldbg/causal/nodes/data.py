@@ -32,7 +32,7 @@ from typing import Sequence
 
 from neuraldbg.causal.nodes.loss import MIN_LOSS_POINTS, median
 from neuraldbg.causal.nodes.run import STARTED_TRAINED, chance_loss
-from neuraldbg.causal.structure import NoisyMax, Reading, Table
+from neuraldbg.causal.structure import NoisyMax, Precondition, Reading, Table
 from neuraldbg.causal.view import TraceView
 from neuraldbg.events.base import DATA, GRADIENT, OPTIMIZER
 from neuraldbg.trace import Signature
@@ -271,5 +271,23 @@ NODES = (
             "(a NaN or Inf target), or the loss, after having learned, went back to its "
             "chance level and stayed there (labels shuffled or misaligned).",
         extract=target_fault_of,
+    ),
+)
+
+
+def lacks_bad_data(view: TraceView) -> str | None:
+    """Why the run shows nothing corrupted data produces (``None``: it shows something, or could
+    not tell): no non-finite value anywhere and targets that read normal, both observed."""
+    nan, targets = data_nan(view), target_fault_of(view)
+    if nan is not None and nan.state == "absent" and targets is not None and targets.state == "absent":
+        return "no NaN or Inf anywhere in the run, and the targets read normal"
+    return None
+
+
+PRECONDITIONS = (
+    Precondition(
+        "data", "corrupted", "non-finite values or faulty targets", lacks_bad_data,
+        why="Corrupted data shows as what it is: a NaN or Inf in a batch, or targets that stop matching their "
+            "inputs. A plateau or exploding gradients alone are no sign of it (both are a learning rate's first).",
     ),
 )

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 
 from neuraldbg.causal.nodes.run import OUT_FEATURES
-from neuraldbg.causal.structure import NoisyMax, Reading
+from neuraldbg.causal.structure import NoisyMax, Precondition, Reading
 from neuraldbg.causal.view import TraceView
 from neuraldbg.trace import Signature
 
@@ -158,5 +158,30 @@ NODES = (
         why="The model's output rows are already probabilities and the loss stays on the floor a log-softmax "
             "reaches on them: a softmax in front of CrossEntropyLoss.",
         extract=loss_input,
+    ),
+)
+
+
+#: the monitor's reason for no output size when the loss is known not to be a cross-entropy
+#: (``neuraldbg/monitor/measurements/output.py``)
+NOT_CROSS_ENTROPY = ("the loss is not a cross-entropy (no negative log-likelihood in its autograd graph, or its "
+                     "gradient into the model's output rows does not sum to zero): no chance level ln K")
+
+
+def lacks_class_output(view: TraceView) -> str | None:
+    """Why the run has no cross-entropy over two classes or more (``None``: it has one, or the
+    monitor cannot tell): a softmax in front of the loss needs one to be a fault."""
+    sigs = view.signatures
+    k = sigs.number(OUT_FEATURES)
+    if k is not None:
+        return None if k >= 2 else f"the model's output has {int(k)} unit"
+    return "the loss is not a cross-entropy" if sigs.gap(OUT_FEATURES) == NOT_CROSS_ENTROPY else None
+
+
+PRECONDITIONS = (
+    Precondition(
+        "training_loop", "loss_on_probabilities", "a cross-entropy over a multi-class output", lacks_class_output,
+        why="A softmax in front of CrossEntropyLoss is a fault of a classifier's loss; a regression head (one "
+            "output, a mean-squared error) that learns slowly has no such loss to feed probabilities to.",
     ),
 )

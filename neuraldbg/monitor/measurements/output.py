@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from neuraldbg.causal.nodes.loop import NOT_CROSS_ENTROPY
 from neuraldbg.causal.nodes.run import OUT_FEATURES
 from neuraldbg.lifecycle import AddonContext, Measurement
 from neuraldbg.monitor.measurements import register_measurement
@@ -46,7 +47,5 @@ class OutputSize(Measurement):
     def gaps(self) -> dict[Any, str]:
         """Why no output size: the loss is not a cross-entropy."""
         if self._ctx is not None and self._ctx.loss_is_cross_entropy is False:
-            return {OUT_FEATURES: "the loss is not a cross-entropy (no negative log-likelihood in its autograd "
-                                  "graph, or its gradient into the model's output rows does not sum to zero): "
-                                  "no chance level ln K"}
+            return {OUT_FEATURES: NOT_CROSS_ENTROPY}
         return {}
