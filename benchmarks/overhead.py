@@ -2,7 +2,8 @@
 
     python -m benchmarks.overhead [--model mlp transformer deep100 deep500 bert] [--optimizer sgd adam]
                                   [--every 1 10] [--pairs 15] [--block 20] [--device cpu|cuda] [--threads 1]
-                                  [--arm monitor anomaly nullhooks cockpit] [--give-optimizer] [--clock wall|thread]
+                                  [--arm monitor anomaly nullhooks onepass cockpit] [--give-optimizer]
+                                  [--clock wall|thread]
     python -m benchmarks.overhead --scaling [--layers 500 1000 2000]
     python -m benchmarks.overhead --entry [--layers 100 250 500 1000]
 
@@ -14,9 +15,12 @@ interquartile range of ``--pairs`` samples. ``--give-optimizer`` hands the optim
 monitor (its step-size probe copies the weights on the first 16 checked steps).
 
 ``--arm`` picks what the second copy trains under: ``monitor`` (``NeuralDbg``), or a reference:
-``anomaly`` (``torch.autograd.set_detect_anomaly(True)`` during its blocks) or ``nullhooks``
+``anomaly`` (``torch.autograd.set_detect_anomaly(True)`` during its blocks), ``nullhooks``
 (a forward hook on every monitored module and a post-accumulate-grad hook on every parameter,
-all returning at once: the floor of any per-module hook); these two ignore ``--every``.
+all returning at once: the floor of any per-module hook) or ``onepass`` (one pass over the data
+from torch alone: a forward hook that reduces each monitored output once, and one
+``torch._foreach_norm`` of the gradients at the step: what every=1 is measured against); these
+three ignore ``--every``.
 ``cockpit`` is Cockpit's economy configuration (``cockpit-for-pytorch``, installed separately)
 tracking every ``--every``-th step, set up as its documentation does (BackPACK-extended model and
 loss, the individual losses passed on every step); it runs on ``mlp``, ``deep100`` and ``deep500``.
@@ -39,14 +43,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from benchmarks.overhead_models import MODELS, cockpit_for, make_deep, make_parallel, null_hooks
+from benchmarks.overhead_models import (MODELS, cockpit_for, make_deep, make_parallel, null_hooks, one_pass_gradients,
+                                        one_pass_hooks)
 from neuraldbg import NeuralDbg
 
 #: the anchors the README compares against (published figures, not measured here)
 ANCHORS = ("Cockpit's economy configuration: 1.51x at every step, 1.04x at every 16th step; "
            "torch.autograd.detect_anomaly: 2.5-3x")
 
-ARMS = ("monitor", "anomaly", "nullhooks", "cockpit")
+ARMS = ("monitor", "anomaly", "nullhooks", "onepass", "cockpit")
 #: the arms that measure only every Nth step (``--every``); the others ignore it
 SCHEDULED = ("monitor", "cockpit")
 OPTIMIZERS = {"sgd": lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9),
@@ -67,8 +72,13 @@ class Arm:
         self.anomaly = every is not None and kind == "anomaly"
         self.handles: list = []
         self.cockpit = None
+        self.sink: list | None = None  # the one-pass reference's reductions of this step
         if every is not None and kind == "nullhooks":
             self.handles = null_hooks(self.model)
+        elif every is not None and kind == "onepass":
+            self.sink = []
+            self.handles = one_pass_hooks(self.model, self.sink)
+            self.params = [p for p in self.model.parameters() if p.requires_grad]
         elif every is not None and kind == "cockpit":
             self.model, self.cockpit, self.ce = cockpit_for(self.model, self.loss_fn, every)
         elif every is not None and kind == "monitor":
@@ -93,6 +103,9 @@ class Arm:
                 loss.backward()
                 if self.dbg is not None:
                     self.dbg.record_loss(loss)
+                if self.sink is not None:
+                    one_pass_gradients(self.params, self.sink)
+                    self.sink.clear()
             self.opt.step()
             self.i += 1
         sync()

@@ -149,6 +149,27 @@ def null_hooks(model: nn.Module) -> list:
     return handles
 
 
+def one_pass_hooks(model: nn.Module, sink: list) -> list:
+    """The reference of one pass over the data, from torch alone: a forward hook on every module
+    the monitor would hook that reduces its output once (a norm, kept in ``sink`` until the step
+    ends, as a monitor keeps its statistics for the transfer); the gradients' pass is
+    :func:`one_pass_gradients`, at the step. Their handles."""
+    from neuraldbg.monitor.records import monitored_modules
+
+    def fwd(module, args, output):
+        if isinstance(output, torch.Tensor) and output.is_floating_point() and torch.is_grad_enabled():
+            sink.append(torch.linalg.vector_norm(output.detach()))
+
+    return [m.register_forward_hook(fwd) for _, m in monitored_modules(model)]
+
+
+def one_pass_gradients(params: list, sink: list) -> None:
+    """One ``torch._foreach_norm`` over every gradient: the other half of the one-pass reference."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if grads:
+        sink.extend(torch._foreach_norm(grads))
+
+
 #: the models the Cockpit arm runs on (BackPACK extends their layers)
 COCKPIT_MODELS = ("mlp", "deep100", "deep500")
 

@@ -15,11 +15,29 @@ def test_a_classifier_loss_is_the_cross_entropy_of_its_step_batch():
     assert torch.equal(loss_fn(model, 11), F.cross_entropy(model(x), y))
 
 
-@pytest.mark.parametrize("kind", ["monitor", "nullhooks"])
+@pytest.mark.parametrize("kind", ["monitor", "nullhooks", "onepass"])
 def test_paired_blocks_give_one_ratio_per_pair(kind):
     r = O.paired(O.MODELS["deep100"], "sgd", 2, device="cpu", pairs=2, block=2, warmup=1, kind=kind)
     assert len(r["ratios"]) == 2 and all(x > 0 for x in r["ratios"])
     assert r["bare_ms"] > 0 and r["mon_ms"] > 0
+
+
+def test_the_one_pass_reference_reduces_each_output_once_and_the_gradients_in_one_call():
+    from benchmarks.overhead_models import one_pass_gradients, one_pass_hooks
+    from neuraldbg.monitor.records import monitored_modules
+
+    model, loss_fn = O.MODELS["mlp"](0, "cpu")
+    sink: list = []
+    handles = one_pass_hooks(model, sink)
+    loss = loss_fn(model, 0)
+    assert len(sink) == len(monitored_modules(model))  # one reduction per monitored output
+    loss.backward()
+    sink.clear()
+    params = [p for p in model.parameters() if p.requires_grad]
+    one_pass_gradients(params, sink)
+    assert [float(n) for n in sink] == pytest.approx([float(p.grad.norm()) for p in params])
+    for h in handles:
+        h.remove()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("cockpit") is not None, reason="Cockpit is installed here")
