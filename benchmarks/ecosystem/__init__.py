@@ -144,9 +144,10 @@ def run(arch: str, injection: Any = "healthy", seed: int = 0, steps: int | None 
         if fault.gain != 1.0:
             scale_weights(task.model, fault.gain)
         opt = adamw(task.model, task.lr * fault.lr_factor)
+        task.info["steps"] = float(n)  # what a setup that pre-trains (a resume) sizes itself by
         if fault.setup is not None:
             fault.setup(task, inj.layer, opt)
-        sched = (task.scheduler or torch_scheduler)(opt, warmup_steps(n) if fault.warmup else 0, n)
+        sched = (fault.scheduler or task.scheduler or torch_scheduler)(opt, warmup_steps(n) if fault.warmup else 0, n)
         params = [p for p in task.model.parameters() if p.requires_grad]
         micro = max(1, task.batch_size // accum)  # same examples per optimizer step
         fault_gen = torch.Generator().manual_seed(11_000 + seed)

@@ -43,6 +43,23 @@ Where each applies (see ``applies``):
   tied to an output head (not GPT-2 and Llama, not LoRA); ``softmax_before_ce`` where the
   cross-entropy reads the model's own output (the PyG models and the plain encoder; a
   ``transformers`` model computes its loss inside its forward).
+- ``finetune_at_floor`` (healthy) and ``finetune_lr_x100`` (root ``learning_rate``, too high):
+  the plain-torch ``torch_tabular`` and ``torch_encoder``, cheap to pre-train. The setup trains
+  the model to near its floor first (its own AdamW at the recipe's rate, warm-up and cosine to
+  zero over ``FLOOR_PRETRAIN`` runs' lengths, unmonitored); the monitored run then fine-tunes it
+  under a fresh AdamW at the recipe's rate and schedule, or at 100x that rate. The monitor meets
+  trained weights: no first-step reading may speak for the initialization, and a flat loss at the
+  floor is no stall.
+- the schedule and resume faults (``benchmarks/ecosystem/schedules.py``), on ``torch_tabular`` and
+  ``torch_encoder``: ``scheduler_per_batch`` (root ``learning_rate``, too low; a ``StepLR`` meant
+  for epochs stepped every batch, onset where the rate reaches 1e-3 of its peak: ``onset_of``);
+  ``resume_without_state`` (too high, onset 0, ``torch_encoder`` only: pre-trained for one run's
+  length at 10x the recipe's rate, resumed under a fresh AdamW with the cosine back at its peak)
+  and its twin ``resume_with_state`` (healthy: the
+  optimizer's state and the scheduler's position restored with ``load_state_dict``); and the
+  healthy controls ``schedule_linear_to_zero`` and ``schedule_warm_restarts`` (SGDR). A fault's
+  ``scheduler`` replaces the recipe's; the runner records the run's length in
+  ``task.info["steps"]`` for setups that pre-train.
 """
 from __future__ import annotations
 
@@ -51,7 +68,8 @@ from typing import Callable
 
 import torch
 
-from benchmarks.ecosystem.training import Batch, EcoArch, Task
+from benchmarks.ecosystem import schedules
+from benchmarks.ecosystem.training import CLIP_NORM, Batch, EcoArch, Task, adamw, cosine_lambda, warmup_steps
 from neuraldbg.faults import (ONSET_FRAC, RESCALE, Injection, corrupt_entries, detach_output,  # noqa: F401
                               drop_from_optimizer, rescale, softmax_output)
 
@@ -77,6 +95,10 @@ class Fault:
     setup: Callable[[Task, str | None, torch.optim.Optimizer], None] | None = None
     skip_zero_grad: bool = False  # a loop bug: optimizer.zero_grad() is never called
     warmup: bool = True  # False: the schedule starts at its peak rate (no warm-up)
+    #: the schedule the run uses instead of the recipe's (``scheduler(optimizer, warmup, steps)``)
+    scheduler: Callable[[torch.optim.Optimizer, int, int], object] | None = None
+    #: the onset step for a run of ``steps`` where it is not ``onset_frac x steps`` (a schedule's collapse)
+    onset_of: Callable[[int], int] | None = None
 
 
 # ----------------------------------------------------------------------------------------
@@ -184,6 +206,37 @@ _FLAT_AT_DIV100 = ("hf_bert",)
 #: archs with a deep post-norm stack (12 blocks or more), where a missing warm-up is a fault
 _DEEP_POSTNORM = ("torch_encoder_deep",)
 _CE_ON_OUTPUT = ("pyg_gcn", "pyg_gat", "pyg_sage", "torch_encoder")
+#: archs of the schedule and resume faults: the plain-torch ones, fast enough to pre-train a
+#: resume, and built with the recipe's own scheduler (no arch-specific one to replace)
+_SCHEDULE_ARCHS = ("torch_tabular", "torch_encoder")
+#: archs of the resume faults: where a fresh optimizer at the peak throws the trained model off its
+#: floor (the encoder at 1e-2 from 0.004 to 0.25-0.54 within 15 steps, its restored twin at 0.002-0.009
+#: but for one-batch spikes); the tabular task's label noise holds its floor at 0.2-0.3, where neither
+#: shows (a fault without effect)
+_RESUME_ARCHS = ("torch_encoder",)
+#: archs of the fine-tunes of a model trained to its floor: plain torch, cheap to pre-train for
+#: several runs' length
+_FINETUNE_ARCHS = ("torch_tabular", "torch_encoder")
+#: pre-training before a fine-tune at its floor, in monitored runs' lengths
+FLOOR_PRETRAIN = 3
+
+
+def _pretrain_to_floor(task: Task, layer: str | None, opt: torch.optim.Optimizer) -> None:
+    """Train ``task.model`` to near its floor before the monitored fine-tune: its own AdamW at
+    the recipe's rate (``task.lr``, whatever ``opt``'s factor), warm-up and cosine to zero over
+    ``FLOOR_PRETRAIN`` x the run's steps. ``opt``, the fine-tune's, stays fresh: its rate and
+    schedule are the fault's."""
+    n = FLOOR_PRETRAIN * int(task.info.get("steps", 120))
+    pre = adamw(task.model, task.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(pre, cosine_lambda(warmup_steps(n), n))
+    params = [p for p in task.model.parameters() if p.requires_grad]
+    task.model.train()
+    for _ in range(n):
+        pre.zero_grad(set_to_none=True)
+        task.loss(task.batch(task.batch_size)).backward()
+        torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
+        pre.step()
+        sched.step()
 
 
 FAULTS: dict[str, Fault] = {f.name: f for f in [
@@ -253,6 +306,31 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
     Fault("softmax_before_ce", ("training_loop", "loss_on_probabilities"),
           "the model ends in a softmax in front of the cross-entropy",
           applies=lambda a: a.name in _CE_ON_OUTPUT, setup=_softmax, symptom="worse"),
+    Fault("scheduler_per_batch", ("learning_rate", "too_low"),
+          "a StepLR(step_size=n/12, gamma=0.1) written for epochs, stepped every batch: the rate is at 1e-3 of "
+          "its peak after a quarter of the run",
+          applies=lambda a: a.name in _SCHEDULE_ARCHS, scheduler=schedules.per_batch_step_lr,
+          onset_of=schedules.collapse_onset, symptom="stuck"),
+    Fault("resume_without_state", ("learning_rate", "too_high"),
+          "pre-trained at 10x the recipe's rate, resumed from its weights alone: a fresh AdamW, the cosine "
+          "schedule back at its peak",
+          applies=lambda a: a.name in _RESUME_ARCHS, setup=schedules.resume_weights_only, warmup=False,
+          lr_factor=schedules.RESUME_LR_FACTOR, symptom="worse"),
+    Fault("resume_with_state", None,
+          "pre-trained at 10x the recipe's rate, resumed with everything: the optimizer's state and the "
+          "scheduler's position restored (load_state_dict)",
+          applies=lambda a: a.name in _RESUME_ARCHS, onset_frac=None, setup=schedules.resume_everything,
+          scheduler=schedules.restored_scheduler, lr_factor=schedules.RESUME_LR_FACTOR),
+    Fault("schedule_linear_to_zero", None, "warm-up, then a linear decay to exactly zero at the last step",
+          applies=lambda a: a.name in _SCHEDULE_ARCHS, onset_frac=None, scheduler=schedules.linear_to_zero),
+    Fault("schedule_warm_restarts", None, "SGDR: CosineAnnealingWarmRestarts, cycles of a quarter of the run",
+          applies=lambda a: a.name in _SCHEDULE_ARCHS, onset_frac=None, scheduler=schedules.warm_restarts),
+    Fault("finetune_at_floor", None,
+          "a model first trained to near its floor, then fine-tuned at the recipe's rate under a fresh AdamW",
+          applies=lambda a: a.name in _FINETUNE_ARCHS, onset_frac=None, setup=_pretrain_to_floor),
+    Fault("finetune_lr_x100", ("learning_rate", "too_high"),
+          "a model first trained to near its floor, then fine-tuned at 100x the recipe's rate",
+          applies=lambda a: a.name in _FINETUNE_ARCHS, setup=_pretrain_to_floor, lr_factor=100.0, symptom="worse"),
 ]}
 
 
@@ -266,4 +344,4 @@ def bind(fault: Fault, arch: EcoArch, steps: int) -> Injection:
     """The shared record of ``fault`` on ``arch`` for a run of ``steps``."""
     inj = Injection(fault.name, (arch.name,), fault.truth, fault.description, symptom=fault.symptom,
                     onset_frac=fault.onset_frac, layer_of=fault.layer_of, one_shot=fault.one_shot)
-    return inj.bind(arch, steps)
+    return inj.bind(arch, steps, onset=fault.onset_of(steps) if fault.onset_of is not None else None)

@@ -59,6 +59,15 @@ def suggested_fix(trace: Trace, ev: Evidence, cause: str, state: str, layer: str
     at = f"`{layer}`" if layer else "the first layer"
     when = f" at step {step}" if step is not None else ""
     if (cause, state) == ("learning_rate", "too_high"):
+        if ev.observed.get("optimizer_restart") == "shock":
+            return ("Restore the optimizer and scheduler state with the weights when resuming "
+                    "(`optimizer.load_state_dict(ckpt['optimizer'])`, `scheduler.load_state_dict(ckpt['scheduler'])`, "
+                    "saved with `optimizer.state_dict()` and `scheduler.state_dict()`); a fresh optimizer at the "
+                    f"schedule's peak{_lr_text(trace)} throws the trained weights off their floor{when}.")
+        if ev.observed.get("lr_schedule") == "jumped":
+            return (f"Keep the schedule going instead of restarting it{when}: create the scheduler once (or restore "
+                    "it with `scheduler.load_state_dict`) so the rate does not jump back up on trained weights; if the "
+                    "restart is intended, restart at a lower peak or with a short warm-up.")
         if layer is None and step is None and retention_not_kept(ev.observed.get("retention")):
             return (f"Lower the learning rate about 10x{_lr_text(trace)} (or train fewer steps): the updates "
                     "overwrite what the model knew while the training loss still falls.")
@@ -71,6 +80,10 @@ def suggested_fix(trace: Trace, ev: Evidence, cause: str, state: str, layer: str
         return (f"Lower the learning rate about 10x{_lr_text(trace)} or add warm-up and gradient "
                 f"clipping; the blow-up starts{when} in {at}.")
     if (cause, state) == ("learning_rate", "too_low"):
+        if ev.observed.get("lr_schedule") == "collapsed":
+            return (f"Step the scheduler once per epoch, not per batch (or give it its sizes in optimizer steps: "
+                    f"step_size, T_max, milestones): the learning rate collapsed{when} to a thousandth of its "
+                    f"peak{_lr_text(trace)} while the loss was still far from its floor.")
         return (f"Raise the learning rate about 10x{_lr_text(trace)} (or run a learning-rate range "
                 "test); the loss barely moves.")
     if (cause, state) == ("initialization", "too_small"):

@@ -27,8 +27,8 @@ def test_interface_mirrors_the_zoo():
     for arch in eco.architectures():
         injs = eco.injections(arch)
         assert injs[0].name == "healthy" and injs[0].truth is None and injs[0].onset is None
-        for inj in injs[1:]:
-            assert inj.truth is not None and inj.onset is not None
+        for inj in injs[1:]:  # a fault has a truth and an onset; a healthy control (a twin) neither
+            assert (inj.truth is None) == (inj.onset is None)
     with pytest.raises(ValueError, match="valid: hf_gpt2"):
         eco.run("no_such_arch")
     with pytest.raises(ValueError, match="valid: healthy"):
@@ -166,3 +166,29 @@ def test_no_warmup_starts_at_the_peak_rate_where_its_twin_ramps_up():
         sigs = r.dbg.trace().signatures
         first[inj] = sigs.number(LR_FIRST) / sigs.number(LR_PEAK)
     assert first == {"healthy": 0.5, "no_warmup": 1.0}  # a 2-step ramp on 20 steps; none
+
+
+def test_schedule_faults_apply_to_the_plain_torch_archs_with_their_onsets():
+    from neuraldbg.causal.nodes.optimizer_state import OPTIMIZER_STATE_STEPS
+    from neuraldbg.causal.nodes.schedule import LR_COLLAPSE_STEP, LR_FIRST
+
+    schedules = {"scheduler_per_batch", "schedule_linear_to_zero", "schedule_warm_restarts"}
+    resumes = {"resume_without_state", "resume_with_state"}
+    for arch in eco.architectures():
+        names = {i.name for i in eco.injections(arch)}
+        assert (schedules <= names) == (arch in ("torch_tabular", "torch_encoder"))
+        assert (resumes <= names) == (arch == "torch_encoder") and (resumes & names in (set(), resumes))
+    inj = {i.name: i for i in eco.injections("torch_encoder", steps=STEPS)}
+    assert inj["scheduler_per_batch"].onset == 9 and inj["scheduler_per_batch"].truth == ("learning_rate", "too_low")
+    assert inj["resume_without_state"].onset == 0 and inj["resume_with_state"].truth is None
+    sigs = eco.run("torch_tabular", "scheduler_per_batch", seed=0, steps=STEPS, monitor=True,
+                   threads=1).dbg.trace().signatures
+    assert sigs.number(LR_COLLAPSE_STEP) == 9                                  # 3 x step_size 3
+    sigs = {n: eco.run("torch_encoder", n, seed=0, steps=STEPS, monitor=True, threads=1).dbg.trace().signatures
+            for n in resumes}
+    assert sigs["resume_without_state"].number(OPTIMIZER_STATE_STEPS) == 0     # a fresh AdamW
+    assert sigs["resume_with_state"].number(OPTIMIZER_STATE_STEPS) == STEPS    # its state restored
+    # resumed at the schedule's peak (10x the recipe's 1e-3), or where the pre-training's schedule
+    # stopped (half-way through the cosine over both parts)
+    assert abs(sigs["resume_without_state"].number(LR_FIRST) - 1e-2) < 1e-12
+    assert sigs["resume_with_state"].number(LR_FIRST) < 0.6 * 1e-2

@@ -54,7 +54,10 @@ Cut points (reasoning in ``docs/causal_model.md``):
   already knows its task (pre-trained, loaded or resumed: an untrained classifier starts near
   ``ln K``, a blown-up one far above), and ``init_scale`` is unobserved ("not at initialization").
   A monitor entered on a resumed run (optimizer state present, or ``at_init=False``) does not
-  measure it at all.
+  measure it at all, and a trace that says the run started trained (``started_trained``) never
+  reads it, whatever scale it recorded (a rank merge, a hand-built trace): trained weights are no
+  evidence about the initialization, and neither is anything else of the first step
+  (``loss_start``, the layers' "init" phase: ``neuraldbg/causal/nodes/layers.py``).
 * ``RETENTION_PARTIAL``/``RETENTION_LOST`` -- a quarter and a half of the margin between the
   reference's starting loss and chance: the zoo's healthy LoRA fine-tunes give up 0.10..0.17
   (15 runs), so "partial" is half again the top of that and "lost" means that half of what
@@ -66,8 +69,8 @@ from __future__ import annotations
 import math
 
 from neuraldbg.causal.nodes.data import INPUT_RMS_MAX, input_scale_state
-from neuraldbg.causal.nodes.run import OPTIMIZER, chance_loss
-from neuraldbg.causal.structure import Reading, Table
+from neuraldbg.causal.nodes.run import OPTIMIZER, chance_loss, not_at_init, started_trained
+from neuraldbg.causal.structure import Precondition, Reading, Table
 from neuraldbg.causal.view import TraceView
 from neuraldbg.trace import Signature
 
@@ -216,8 +219,14 @@ def step_size(view: TraceView) -> Reading | None:
 
 
 def init_scale(view: TraceView) -> Reading | None:
-    """The weights' scale on entry against their reference scales (or adapters' start)."""
+    """The weights' scale on entry against their reference scales (or adapters' start);
+    unobserved on a run entered on trained weights (``started_trained``)."""
     sigs = view.signatures
+    trained = started_trained(sigs)
+    if trained:
+        # the monitor's own reason when it did not measure them (it says the same), else this one
+        return Reading(None, reason=view.gap(INIT_SCALE_LOG10) or not_at_init(
+            trained, "the scale of trained weights says nothing of their initialization"), gap=True)
     a = sigs.number(ADAPTER_RATIO)
     if a is not None and a > ADAPTER_LARGE:  # adapters' reference is zero: B = 0 at the start
         return Reading("large", (), (f"low-rank adapters start at {a:.3g}x the norm of the frozen layers they "
@@ -317,4 +326,24 @@ NODES = (
             "healthy fine-tune gives some of it up, a too-low learning rate none.",
         extract=retention,
     ),
+)
+
+
+def lacks_initialization(view: TraceView) -> str | None:
+    """Why the run has no initialization to be at fault (it was entered on trained weights:
+    ``started_trained``), or ``None`` when it started at one or the monitor cannot tell."""
+    trained = started_trained(view.signatures)
+    return None if trained is None else not_at_init(trained, "nothing it shows comes from an initialization")
+
+
+PRECONDITIONS = tuple(
+    Precondition(
+        "initialization", state, "a run that starts at initialization", lacks_initialization,
+        why="A faulty initialization shows in the first steps, before training has moved the weights (their "
+            "scale on entry, a first loss far above chance, layers saturated or exploding from step 0). A run "
+            "entered on trained weights (a resume, a loaded state_dict, a pre-trained model) has no such steps: "
+            "what its first monitored step shows was made by the updates before the monitor, so its "
+            "initialization is no cause of anything it shows.",
+    )
+    for state in ("too_small", "too_large")
 )

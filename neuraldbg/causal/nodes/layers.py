@@ -21,16 +21,22 @@ Cut points (reasoning in ``docs/causal_model.md``):
   0.966 on the right class) pins a bounded pooler or gate at its bounds by doing its job.
 * Attention query/key projections (role ``"attn_qk"``, ``neuraldbg/monitor/roles.py``) whose
   vanishing starts at init are no evidence, whatever the loss does (:func:`qk_at_init`).
+
+A run entered on trained weights (``started_trained``: a resume, a loaded state_dict, a
+pre-trained model) has no "init" phase (:func:`at_init`): what its first monitored step shows was
+made by the updates before the monitor, so an event present from that step reads "later" --
+the onset phase of the training causes, never evidence about the initialization.
 """
 from __future__ import annotations
 
 import math
 from typing import Callable, Sequence
 
-from neuraldbg.causal.nodes.run import chance_loss
+from neuraldbg.causal.nodes.run import chance_loss, started_trained
 from neuraldbg.causal.structure import NoisyMax, Reading
 from neuraldbg.causal.view import TraceView
 from neuraldbg.events.base import ACTIVATION, GRADIENT, Event
+from neuraldbg.trace import Signature
 
 #: where these nodes stand among the others (neuraldbg/causal/nodes/__init__.py)
 ORDER = 10
@@ -49,11 +55,17 @@ RELU_TYPES = frozenset({"ReLU", "ReLU6"})
 ACTIVATION_TYPES = RELU_TYPES | BOUNDED_TYPES | frozenset({
     "ELU", "CELU", "SELU", "GELU", "GLU", "SiLU", "Mish", "LeakyReLU", "PReLU", "RReLU", "Softplus",
     "Softshrink", "Hardshrink", "Tanhshrink", "Threshold", "Hardswish", "LogSigmoid", "LogSoftmax",
-    "Softmin", "Softmax2d", "MultiheadAttention"})
+    "Softmin", "Softmax2d"})
 #: why dead units are not seen in a model whose activations are all functions: the monitor's
 #: gap, not something the run failed to show
-FUNCTIONAL_ACTIVATIONS = ("no activation module in this model: activations applied as functions (F.relu, "
-                          "torch.relu) are not monitored, so dead units cannot be seen")
+FUNCTIONAL_ACTIVATIONS = ("no activation module in this model, and no weight layer received a non-negative "
+                          "input: activations applied as functions (F.relu) show no dead units here")
+FUNCTIONAL_RELU_LAYERS = Signature(
+    "functional_relu_layers", "integer", "run", "max",
+    "weight layers of a model without activation modules that received a non-negative input (behind a "
+    "ReLU-like function, whose dead units they then show as zero features)", lo=0)
+
+SIGNATURES = (FUNCTIONAL_RELU_LAYERS,)
 
 
 def functional_activations(layer_types: set[str]) -> bool:
@@ -62,15 +74,36 @@ def functional_activations(layer_types: set[str]) -> bool:
     acts = {t for t in layer_types if t in ACTIVATION_TYPES or t.endswith("Activation")}
     return bool(layer_types) and not acts
 
+
 NO_GRADIENT_LAYER = "no monitored layer owns parameters"
 
 
+#: what a layer event's note adds when the run was entered on trained weights and the event was
+#: there from the monitor's first step
+TRAINED_ENTRY = "; on entry to a run on trained weights: made by the updates before the monitor, not at initialization"
+
+
+def at_init(view: TraceView, step: int) -> bool:
+    """Whether ``step`` is at initialization: within the first checked steps
+    (:meth:`TraceView.is_init`) of a run that started at initialization. On a run entered on
+    trained weights no step is: its first monitored step already follows many updates, so an
+    event there is read as 'later' -- its onset lies somewhere after them, as the training
+    causes' 'later' says -- and never as evidence about the initialization."""
+    return view.is_init(step) and started_trained(view.signatures) is None
+
+
+def _entry_note(view: TraceView, step: int) -> str:
+    """:data:`TRAINED_ENTRY` for an event at the first checked steps of a run entered on trained
+    weights (why it reads 'later'), else nothing."""
+    return TRAINED_ENTRY if view.is_init(step) and not at_init(view, step) else ""
+
+
 def _onset(view: TraceView, events: list[Event], note: Callable[[Event], str]) -> Reading:
-    """'init' (or {init, later} for alternating families) when the first event starts at init,
-    else 'later'; every event of the kind as support."""
+    """'init' (or {init, later} for alternating families) when the first event starts at init
+    (:func:`at_init`), else 'later'; every event of the kind as support."""
     first = view.first(events)
-    state = view.phase("init") if view.is_init(first.step) else "later"
-    return Reading(state, tuple(events), note(first))
+    state = view.phase("init") if at_init(view, first.step) else "later"
+    return Reading(state, tuple(events), note(first) + _entry_note(view, first.step))
 
 
 def exploding(view: TraceView) -> Reading | None:
@@ -85,7 +118,7 @@ def vanishing_signal(van: list[Event], view: TraceView) -> str | tuple[str, ...]
     """'init_uniform' when the vanishing layers' outputs are tiny too, else 'init_depth';
     both (a partial observation) when the events carry no output scale."""
     rms = sorted(e.measured["out_rms"] for e in van
-                 if view.is_init(e.step) and "out_rms" in e.measured
+                 if at_init(view, e.step) and "out_rms" in e.measured
                  and e.measured["out_rms"] == e.measured["out_rms"])
     if not rms:
         return ("init_depth", "init_uniform")
@@ -110,7 +143,8 @@ def vanishing_events(view: TraceView) -> list[Event]:
     qk = {li.name for li in view.trace.layers if li.role == "attn_qk"}
     if not qk or not van:
         return van
-    excused = qk_at_init(van, qk, view.is_init)
+    # an untrained model's near-uniform attention: not on trained weights, whose attention learned
+    excused = qk_at_init(van, qk, lambda step: at_init(view, step))
     return [e for e in van if e.layer not in excused]
 
 
@@ -125,8 +159,8 @@ def vanishing(view: TraceView) -> Reading | None:
     if not van:
         return Reading("absent") if view.grad_layers else view.unwatched(NO_GRADIENT_LAYER, gradients=True)
     first = view.first(van)
-    state = vanishing_signal(van, view) if view.is_init(first.step) else "later"
-    note = f"first vanishing gradients in {first.layer} at step {first.step} ({state})"
+    state = vanishing_signal(van, view) if at_init(view, first.step) else "later"
+    note = f"first vanishing gradients in {first.layer} at step {first.step} ({state})" + _entry_note(view, first.step)
     if loss_pattern_of(view).state == "decreasing":
         return Reading(None, tuple(van), note + "; not evidence: the loss keeps improving",
                        reason="small gradients while the loss keeps improving are no sign of a stuck signal")
@@ -162,15 +196,15 @@ def saturation(view: TraceView) -> Reading | None:
     def near(a: Event, b: Event) -> bool:
         return view.near(a, b, COUPLING_LAYERS, COUPLING_STEPS) and abs(b.step - a.step) <= COUPLING_STEPS
 
-    if view.is_init(first.step):
-        early = [x for x in sat if view.is_init(x.step)]
+    if at_init(view, first.step):
+        early = [x for x in sat if at_init(view, x.step)]
         coupled = [x for x in early if any(near(x, v) for v in van)]
         state = view.phase("init_vanishing" if coupled else "init")
         support = tuple(sat) + tuple(v for v in van if any(near(x, v) for x in coupled))
     else:
         state, support = "later", tuple(sat)
     note = (f"saturated activations first in {first.layer} at step {first.step}"
-            + (", next to vanishing gradients" if state == "init_vanishing" else ""))
+            + (", next to vanishing gradients" if state == "init_vanishing" else "") + _entry_note(view, first.step))
     if state == "later" and loss_at_floor(view.trace.loss.history, first.step, chance_loss(view.signatures)):
         return Reading(None, support, note + "; not evidence: the loss is at its floor",
                        reason="saturation of a model whose loss sits at its floor is confidence, not instability")
@@ -181,10 +215,16 @@ def dead(view: TraceView) -> Reading | None:
     """ReLU units never active, by onset phase."""
     ev = view.of_kind(ACTIVATION, "dead")
     if ev:
-        return _onset(view, ev, lambda f: f"dead units first in {f.layer} at step {f.step}")
+        return _onset(view, ev, lambda f: (f"dead units of a ReLU applied as a function, first seen as zero features "
+                                           f"at the input of {f.layer} at step {f.step}" if f.measured.get("functional")
+                                           else f"dead units first in {f.layer} at step {f.step}"))
     if view.watched and view.layer_types & RELU_TYPES:
         return Reading("absent")
     if view.watched and functional_activations(view.layer_types):
+        # a ReLU applied as a function shows its dead units at the next weight layer's input
+        # (neuraldbg/monitor/measurements/functional.py), where it left no negative value
+        if view.signatures.number(FUNCTIONAL_RELU_LAYERS):
+            return Reading("absent")
         return Reading(None, reason=FUNCTIONAL_ACTIVATIONS, gap=True)
     return view.unwatched("no ReLU module is monitored")
 

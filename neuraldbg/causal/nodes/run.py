@@ -47,6 +47,21 @@ def unsupported(signatures: Signatures) -> str | None:
            "monitor does not measure"
 
 
+def started_trained(signatures: Signatures) -> str | None:
+    """Why the monitor holds that the run was entered on trained weights (the ``started_trained``
+    signature: a resume, a loaded state_dict, a pre-trained model), or ``None`` when, as far as it
+    knows, the run started at initialization."""
+    why = signatures.value(STARTED_TRAINED)
+    return str(why) if why else None
+
+
+def not_at_init(why: str, what: str) -> str:
+    """The reason a first-step reading is unobserved on a run entered on trained weights: the
+    monitor's ``why`` (:func:`started_trained`) and ``what`` the reading would have said. Pure."""
+    detail = why.removeprefix("not at initialization: ").strip()
+    return f"not at initialization: the run was entered on trained weights ({detail}); {what}"
+
+
 def chance_loss(signatures: Signatures) -> float | None:
     """``ln K`` of the model's ``K``-way output (``None`` when unknown or ``K < 2``): the loss of a
     classifier that has learned nothing, a reference that does not depend on how training went."""

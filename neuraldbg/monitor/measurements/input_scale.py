@@ -103,10 +103,10 @@ def is_norm(module: nn.Module) -> bool:
     """Whether ``module`` normalizes (torch's norm classes, or a library class named ``...Norm``
     that owns no weight matrix: ``T5LayerNorm``, ``LlamaRMSNorm``)."""
     name = type(module).__name__
-    return name in NORM_TYPES or (name.endswith("Norm") and not _owns_matrix(module))
+    return name in NORM_TYPES or (name.endswith("Norm") and not owns_matrix(module))
 
 
-def _owns_matrix(module: nn.Module) -> bool:
+def owns_matrix(module: nn.Module) -> bool:
     """Whether ``module`` multiplies its input by a weight matrix it owns: a ``weight`` (Linear,
     Conv, HF's Conv1D, PyG's Linear) or an RNN's ``weight_ih_l0`` of ``dim >= 2``. Other
     matrices (a class token, position embeddings) are added, not applied; an embedding reads ids."""
@@ -162,7 +162,7 @@ class InputScale(Measurement):
             # runs the root's forward: their inputs are then the model's
             self._handles.append(self._hook(child, partial(self._on_model_input, False), with_kwargs=True))
         for name, mod in root.named_modules():
-            if _owns_matrix(mod) or is_norm(mod):
+            if owns_matrix(mod) or is_norm(mod):
                 name = name or type(mod).__name__  # the root itself (a bare Linear)
                 self._cand[name] = self._hook(mod, lambda m, args, name=name: self._guarded(self._on_layer, name, m,
                                                                                             args))

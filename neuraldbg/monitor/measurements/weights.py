@@ -309,7 +309,9 @@ class InitScale(_EntryWeights):
 
     def summary(self) -> dict[Any, Any]:
         """The factor and the count, when any weight matrix was measured; why the run did not
-        start at initialization, when it did not (one part says it for every reader)."""
+        start at initialization, when it did not (one part says it for every reader: with
+        ``started_trained`` no reading of the first step counts for the initialization, whose
+        faulty states are then ruled out, ``neuraldbg/causal/nodes/causes.py``)."""
         why = self.reason()
         f, n = self.value
         out: dict[Any, Any] = {} if f is None else {INIT_SCALE_LOG10: f, INIT_SCALE_N: n}

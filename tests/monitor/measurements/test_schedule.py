@@ -2,6 +2,8 @@
 hand-written rates, then real optimizers and schedulers, found or given."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from neuraldbg import NeuralDbg
@@ -69,3 +71,46 @@ def test_a_tensor_learning_rate_is_not_read_and_says_why():
     sigs = train(lambda p: torch.optim.Adam(p, lr=torch.tensor(1e-2)))
     assert sigs.number(LR_FIRST) is None
     assert "tensor" in sigs.gap(LR_FIRST)
+
+
+# ---- the course over the whole run: collapse and jumps --------------------------------------
+
+def course(lrs):
+    from neuraldbg.monitor.measurements.schedule import CourseTracker
+
+    t = CourseTracker()
+    for step, lr in enumerate(lrs):
+        t.add(step, lr)
+    return t
+
+
+def test_a_per_batch_step_lr_collapses_at_its_third_decay_and_stays():
+    t = course([0.1 * 0.1 ** (s // 10) for s in range(60)])
+    assert t.collapse_step == 30 and t.jumps == []   # 1e-4 <= 1e-3 x 0.1 from step 30 on
+
+
+def test_a_decay_to_zero_collapses_only_at_its_end_and_a_return_resets_it():
+    cos = [0.5 * (1 + math.cos(math.pi * s / 100)) for s in range(101)]
+    assert course(cos).collapse_step == 98
+    assert course([1.0, 1e-4, 1e-4, 1.0]).collapse_step is None
+
+
+def test_warm_up_is_no_jump_but_a_restart_after_a_decay_is():
+    assert course([0.0, 0.25, 0.5, 1.0, 1.0]).jumps == []                 # a ramp from the first step
+    assert course([0.01] * 5 + [0.1] * 5).jumps == []                     # a low constant phase, then the peak
+    t = course([1.0, 0.5, 0.1, 0.02, 0.005, 1.0, 0.5])                    # decayed, then back at the peak
+    assert t.jumps == [5] and t.jump_factor == 200.0
+    assert course([1.0, 0.5, 0.3, 1.0]).jumps == []                       # 3.3x: no jump
+
+
+def test_the_monitor_reads_a_per_batch_step_lr_and_sgdr():
+    from neuraldbg.causal.nodes.schedule import LR_COLLAPSE_STEP, LR_JUMP_STEPS
+
+    sigs = train(lambda p: torch.optim.Adam(p, lr=1e-2),
+                 lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=3, gamma=0.1), steps=15)
+    # the loop records its loss before stepping, so the monitor counts each update in the next step:
+    # the rate of update 9 (1e-2 x 1e-3) is read at step 10
+    assert sigs.number(LR_COLLAPSE_STEP) == 10 and sigs.value(LR_JUMP_STEPS) == ()
+    sigs = train(lambda p: torch.optim.Adam(p, lr=1e-2),
+                 lambda o: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(o, T_0=5), steps=15)
+    assert sigs.number(LR_COLLAPSE_STEP) is None and sigs.value(LR_JUMP_STEPS) == (6, 11)
