@@ -69,7 +69,8 @@ from typing import Callable
 import torch
 
 from benchmarks.ecosystem import schedules
-from benchmarks.ecosystem.training import CLIP_NORM, Batch, EcoArch, Task, adamw, cosine_lambda, warmup_steps
+from benchmarks.ecosystem.training import (Batch, EcoArch, Task, adamw, cosine_lambda, train_unmonitored,
+                                           warmup_steps)
 from neuraldbg.faults import (ONSET_FRAC, RESCALE, Injection, corrupt_entries, detach_output,  # noqa: F401
                               drop_from_optimizer, rescale, softmax_output)
 
@@ -228,15 +229,7 @@ def _pretrain_to_floor(task: Task, layer: str | None, opt: torch.optim.Optimizer
     schedule are the fault's."""
     n = FLOOR_PRETRAIN * int(task.info.get("steps", 120))
     pre = adamw(task.model, task.lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(pre, cosine_lambda(warmup_steps(n), n))
-    params = [p for p in task.model.parameters() if p.requires_grad]
-    task.model.train()
-    for _ in range(n):
-        pre.zero_grad(set_to_none=True)
-        task.loss(task.batch(task.batch_size)).backward()
-        torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
-        pre.step()
-        sched.step()
+    train_unmonitored(task, pre, torch.optim.lr_scheduler.LambdaLR(pre, cosine_lambda(warmup_steps(n), n)), n)
 
 
 FAULTS: dict[str, Fault] = {f.name: f for f in [

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.ecosystem.training import CLIP_NORM, Task, adamw, cosine_lambda, warmup_steps
+from benchmarks.ecosystem.training import Task, adamw, cosine_lambda, train_unmonitored, warmup_steps
 
 #: epochs-as-steps of the per-batch StepLR: its step_size is this share of the run
 STEP_LR_SHARE = 1 / 12
@@ -73,14 +73,7 @@ def pretrain(task: Task, opt: torch.optim.Optimizer, steps: int) -> tuple[torch.
     lr = max(g["lr"] for g in opt.param_groups)
     pre = adamw(task.model, lr)
     sched = torch.optim.lr_scheduler.LambdaLR(pre, cosine_lambda(warmup_steps(n + steps), n + steps))
-    params = [p for p in task.model.parameters() if p.requires_grad]
-    task.model.train()
-    for _ in range(n):
-        pre.zero_grad(set_to_none=True)
-        task.loss(task.batch(task.batch_size)).backward()
-        torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
-        pre.step()
-        sched.step()
+    train_unmonitored(task, pre, sched, n)
     return pre, sched, n
 
 

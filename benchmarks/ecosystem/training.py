@@ -117,6 +117,19 @@ def torch_scheduler(opt: torch.optim.Optimizer, warmup: int, total: int):
     return torch.optim.lr_scheduler.LambdaLR(opt, cosine_lambda(warmup, total))
 
 
+def train_unmonitored(task: Task, opt: torch.optim.Optimizer, sched: Any, n: int) -> None:
+    """``n`` steps of the recipe on ``task`` before the monitored run (a pre-training, the part
+    of a run before its resume): fresh batches, the gradients clipped, ``sched`` stepped."""
+    params = [p for p in task.model.parameters() if p.requires_grad]
+    task.model.train()
+    for _ in range(n):
+        opt.zero_grad(set_to_none=True)
+        task.loss(task.batch(task.batch_size)).backward()
+        torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
+        opt.step()
+        sched.step()
+
+
 def warmup_steps(total: int) -> int:
     """Warm-up length for a run of ``total`` optimizer steps."""
     return max(1, int(round(WARMUP_FRAC * total)))
