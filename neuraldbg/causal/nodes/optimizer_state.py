@@ -22,7 +22,7 @@ weights*, which the step size (read against the weights' own scale) and the sche
 
 Cut points (reasoning in ``docs/causal_model.md``):
 
-* ``RESUME_RISE`` -- 5x the first loss: the checkpoint resumed without its state in the issue
+* ``RESUME_RISE`` -- 5x the first loss: a checkpoint resumed without its state (a user's run)
   went from 6e-4 to 0.4; a healthy resume (state restored) or a fine-tune continues at or
   below its first loss, and the noise of a small batch is well under 2x at a loss floor that
   is not near zero.
