@@ -21,6 +21,7 @@ in one module each: :mod:`.explain`, :mod:`.report` and :mod:`.tune_priors` here
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
@@ -66,42 +67,27 @@ def fail(exc: BaseException, args: Any) -> int:
 
 
 # ---- subcommands --------------------------------------------------------------------------
-# Each stub imports its module only when the parser is built: importing the command line (or
-# ``neuraldbg``) then loads none of the engines behind the subcommands.
 
-@command("explain")
-def _explain_parser(sub: Any) -> argparse.ArgumentParser:
-    from neuraldbg.cli.explain import add_parser
-
-    return add_parser(sub)
-
-
-@command("tune-priors")
-def _tune_parser(sub: Any) -> argparse.ArgumentParser:
-    from neuraldbg.cli.tune_priors import add_parser
-
-    return add_parser(sub)
+#: subcommand name -> the module whose ``add_parser(subparsers)`` adds its parser. Each module is
+#: imported only when the parser is built: importing the command line (or ``neuraldbg``) then
+#: loads none of the engines behind the subcommands.
+SUBCOMMANDS: dict[str, str] = {
+    "explain": "neuraldbg.cli.explain",
+    "report": "neuraldbg.cli.report",
+    "tune-priors": "neuraldbg.cli.tune_priors",
+    "check-priors": "neuraldbg.fit.check",
+    "tune-verification": "neuraldbg.verify.tune",
+}
 
 
-@command("check-priors")
-def _check_priors_parser(sub: Any) -> argparse.ArgumentParser:
-    from neuraldbg.fit.check import add_parser
-
-    return add_parser(sub)
-
-
-@command("tune-verification")
-def _tune_verification_parser(sub: Any) -> argparse.ArgumentParser:
-    from neuraldbg.verify.tune import add_parser
-
-    return add_parser(sub)
+def _lazy_parser(module: str) -> ParserFn:
+    def add_parser(sub: Any) -> argparse.ArgumentParser:
+        return importlib.import_module(module).add_parser(sub)
+    return add_parser
 
 
-@command("report")
-def _report_parser(sub: Any) -> argparse.ArgumentParser:
-    from neuraldbg.cli.report import add_parser
-
-    return add_parser(sub)
+for _name, _module in SUBCOMMANDS.items():
+    command(_name)(_lazy_parser(_module))
 
 
 # ---- entry point --------------------------------------------------------------------------
