@@ -42,16 +42,18 @@ def weight_layer(module: nn.Module) -> bool:
     return owns_matrix(module) and not isinstance(module, nn.RNNBase)
 
 
-def dead_input_share(x: torch.Tensor, channels_first: bool) -> torch.Tensor:
-    """The share of ``x``'s features whose maximum over every other dimension is 0, when ``x``
-    has no negative value; 0 otherwise (0-d float32, on the device, no sync). Features are the
-    channels (dim 1) of a convolution's batched input, the last dimension otherwise."""
+def dead_input_share(x: torch.Tensor, channels_first: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(share, non_negative)``: the share of ``x``'s features whose maximum over every other
+    dimension is 0, when ``x`` has no negative value (0 otherwise; 0-d float32), and whether it
+    has none (0-d bool); on the device, no sync. Features are the channels (dim 1) of a
+    convolution's batched input, the last dimension otherwise."""
     x = x.detach()
     dim = 1 if channels_first and x.dim() > 2 else x.dim() - 1
     others = tuple(d for d in range(x.dim()) if d != dim)
     top = x.amax(dim=others) if others else x
     share = (top == 0).float().mean()
-    return torch.where(x.amin() >= 0, share, torch.zeros_like(share))
+    nonneg = x.amin() >= 0
+    return torch.where(nonneg, share, torch.zeros_like(share)), nonneg
 
 
 @register_measurement
@@ -113,11 +115,10 @@ class FunctionalDeadUnits(Measurement):
             self._entry = name
         if name == self._entry:
             return None
-        share = dead_input_share(x, conv)
+        share, nonneg = dead_input_share(x, conv)
         # a layer called twice in a step (shared) is dead only where it is dead every time
         prev = self._share.get(name)
         self._share[name] = share if prev is None else torch.minimum(prev, share)
-        nonneg = x.detach().amin() >= 0
         seen = self._nonneg.get(name)
         self._nonneg[name] = nonneg if seen is None else seen | nonneg
 

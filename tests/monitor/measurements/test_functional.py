@@ -14,12 +14,14 @@ from neuraldbg.monitor.measurements.functional import FunctionalDeadUnits, dead_
 
 def test_dead_input_share_counts_features_zero_on_the_whole_batch_of_a_non_negative_input():
     x = torch.tensor([[0.0, 1.0, 0.0, 2.0], [0.0, 0.0, 0.0, 3.0]])
-    assert dead_input_share(x, channels_first=False).item() == 0.5  # features 0 and 2
-    assert dead_input_share(x - 1.0, channels_first=False).item() == 0.0  # negatives: no ReLU behind it
+    share, nonneg = dead_input_share(x, channels_first=False)
+    assert share.item() == 0.5 and nonneg.item()  # features 0 and 2
+    share, nonneg = dead_input_share(x - 1.0, channels_first=False)
+    assert share.item() == 0.0 and not nonneg.item()  # negatives: no ReLU behind it
     maps = torch.zeros(2, 4, 3, 3)
     maps[:, 1] = 1.0  # channel 1 alive, channels 0, 2, 3 dead
-    assert dead_input_share(maps, channels_first=True).item() == 0.75
-    assert dead_input_share(maps.flatten(1), channels_first=False).item() == 0.75
+    assert dead_input_share(maps, channels_first=True)[0].item() == 0.75
+    assert dead_input_share(maps.flatten(1), channels_first=False)[0].item() == 0.75
 
 
 class FunctionalCNN(nn.Module):
