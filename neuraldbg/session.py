@@ -33,8 +33,6 @@ _EMBEDDED = " (embedded)"
 _embedded_cache: dict[str, tuple[Any, Any]] = {}
 #: (fingerprint, source) -> the priors block documents embed
 _block_cache: dict[tuple[str, str], dict] = {}
-#: (family, fingerprint) -> the reference documents write (one object, as for blocks)
-_ref_cache: dict[tuple[str, str], dict] = {}
 
 
 def priors_field(priors: Any, family: str) -> dict:
@@ -51,10 +49,7 @@ def priors_field(priors: Any, family: str) -> dict:
 
     pri = as_priors(priors, family) or load_priors(family=family)
     if pri.shipped and pri.family == family:
-        ref = _ref_cache.get((family, pri.fingerprint))
-        if ref is None:
-            ref = _ref_cache[(family, pri.fingerprint)] = {"shipped": family, "fingerprint": pri.fingerprint}
-        return ref
+        return {"shipped": family, "fingerprint": pri.fingerprint}
     return priors_block(pri, family)
 
 
