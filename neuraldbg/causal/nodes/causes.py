@@ -73,6 +73,7 @@ from neuraldbg.causal.nodes.run import OPTIMIZER, chance_loss, not_at_init, star
 from neuraldbg.causal.structure import Precondition, Reading, Table
 from neuraldbg.causal.view import TraceView
 from neuraldbg.trace import Signature
+from neuraldbg.vocab import ROOTS
 
 #: where these nodes stand among the others (neuraldbg/causal/nodes/__init__.py)
 ORDER = 40
@@ -345,5 +346,5 @@ PRECONDITIONS = tuple(
             "what its first monitored step shows was made by the updates before the monitor, so its "
             "initialization is no cause of anything it shows.",
     )
-    for state in ("too_small", "too_large")
+    for state in ROOTS["initialization"][1:]
 )

@@ -31,7 +31,7 @@ import math
 from typing import Sequence
 
 from neuraldbg.causal.nodes.loss import MIN_LOSS_POINTS, median
-from neuraldbg.causal.nodes.run import STARTED_TRAINED, chance_loss
+from neuraldbg.causal.nodes.run import chance_loss, started_trained
 from neuraldbg.causal.structure import NoisyMax, Precondition, Reading, Table
 from neuraldbg.causal.view import TraceView
 from neuraldbg.events.base import DATA, GRADIENT, OPTIMIZER
@@ -198,7 +198,7 @@ def target_fault(view: TraceView) -> Reading | None:
         return Reading(None, reason=f"fewer than {MIN_LOSS_POINTS} finite losses recorded")
     head = median(vals[:max(3, len(vals) // 20)])
     chance = chance_loss(view.signatures)
-    if view.signatures.value(STARTED_TRAINED):
+    if started_trained(view.signatures):
         # a resumed or pre-trained run starts far below chance: its own start is no chance level,
         # and a fine-tune that hovers near it would read as a return to it
         if chance is None:

@@ -50,7 +50,7 @@ import math
 from typing import Sequence
 
 from neuraldbg.causal.nodes.output import output_collapse
-from neuraldbg.causal.nodes.run import STARTED_TRAINED, chance_loss, not_at_init, started_trained
+from neuraldbg.causal.nodes.run import chance_loss, not_at_init, started_trained
 from neuraldbg.causal.structure import NoisyMax, Reading
 from neuraldbg.causal.view import TraceView
 from neuraldbg.events.base import OPTIMIZER, Event
@@ -358,7 +358,7 @@ def progress(view: TraceView) -> Reading | None:
         return Reading(None, reason=f"a {trace.family} loss is a game: how far it fell says nothing of learning")
     vals = [v for _, v in trace.loss.history if math.isfinite(v)]
     chance = chance_loss(view.signatures)
-    trained = view.signatures.value(STARTED_TRAINED)
+    trained = started_trained(view.signatures)
     if chance is None and trained:
         # a resumed or pre-trained run has little left to gain: a flat loss is no stall
         return Reading(None, reason=f"no chance level to read the loss against, and the run did not start at "

@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 
 from neuraldbg.causal.nodes.causes import scale_invariant
-from neuraldbg.causal.nodes.run import LR_PEAK, OPTIMIZER, STARTED_TRAINED, chance_loss
+from neuraldbg.causal.nodes.run import LR_PEAK, OPTIMIZER, chance_loss, started_trained
 from neuraldbg.causal.nodes.schedule import LR_FIRST, RISE_LEVEL, WARMUP_START, loss_reference
 from neuraldbg.causal.structure import Reading, Table
 from neuraldbg.causal.view import TraceView
@@ -89,7 +89,7 @@ def optimizer_restart(view: TraceView) -> Reading | None:
     """'shock' (trained weights, a fresh adaptive optimizer at its peak rate, a loss thrown off
     its level) or 'none'; unobserved at initialization."""
     sigs = view.signatures
-    trained = sigs.value(STARTED_TRAINED)
+    trained = started_trained(sigs)
     if not trained:
         return Reading(None, reason="the run started at initialization, where every optimizer starts empty")
     n = sigs.number(OPTIMIZER_STATE_STEPS)

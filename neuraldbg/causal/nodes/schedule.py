@@ -61,7 +61,7 @@ import math
 from typing import Sequence
 
 from neuraldbg.causal.nodes.depth import postnorm_depth
-from neuraldbg.causal.nodes.run import LR_PEAK, STARTED_TRAINED, chance_loss
+from neuraldbg.causal.nodes.run import LR_PEAK, chance_loss, started_trained
 from neuraldbg.causal.structure import Reading, Table
 from neuraldbg.causal.view import TraceView
 from neuraldbg.events.base import OPTIMIZER, Event
@@ -122,7 +122,7 @@ def warmup(view: TraceView) -> Reading | None:
     if depth < POSTNORM_DEEP:
         return Reading(None, reason=f"the model has {depth} post-norm attention blocks (warm-up matters from "
                                     f"{POSTNORM_DEEP} on)")
-    if sigs.value(STARTED_TRAINED):
+    if started_trained(sigs):
         return Reading(None, reason="not at initialization: a warm-up happened before the monitor, if at all",
                        gap=True)
     first, peak = sigs.number(LR_FIRST), sigs.number(LR_PEAK)
