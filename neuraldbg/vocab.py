@@ -7,19 +7,22 @@ names implement; a developer may add states or variables, never rename these.
 from __future__ import annotations
 
 #: Root-cause variables and their states. The first state of each is always ``ok``.
-#: ``training_loop`` is the loop's own bugs (each with a direct signature); ``unexplained`` is a
-#: leak: a run that does not learn while no modeled cause explains it.
+#: ``training_loop`` is the loop's own bugs (each with a direct signature); ``numerics`` is a
+#: number that left its dtype: a value out of range inside the network or the optimizer
+#: (``overflow``), or updates below the weights' resolution (``updates_lost``); ``unexplained``
+#: is a leak: a run that does not learn while no modeled cause explains it.
 ROOTS: dict[str, tuple[str, ...]] = {
     "learning_rate": ("ok", "too_high", "too_low"),
     "initialization": ("ok", "too_small", "too_large"),
     "data": ("ok", "corrupted", "shifted"),
     "architecture": ("ok", "unstable"),
     "training_loop": ("ok", "stale_gradients", "params_not_in_optimizer", "graph_detached", "loss_on_probabilities"),
+    "numerics": ("ok", "overflow", "updates_lost"),
     "unexplained": ("ok", "not_learning"),
 }
 #: Roots whose states are kinds of fault rather than degrees of the cause: a sentence reads
 #: "training loop: stale gradients", where the others read "learning rate too high".
-KIND_ROOTS: frozenset[str] = frozenset({"training_loop", "unexplained"})
+KIND_ROOTS: frozenset[str] = frozenset({"training_loop", "numerics", "unexplained"})
 #: Words a state's name does not spell out.
 _STATE_WORDS = {"params_not_in_optimizer": "parameters not in the optimizer"}
 

@@ -11,6 +11,7 @@ from neuraldbg.causal.compiled import CompiledNetwork
 from neuraldbg.causal.evidence import Evidence
 from neuraldbg.causal.nodes.causes import retention_not_kept
 from neuraldbg.causal.nodes.loop import ORPHAN_PARAMS
+from neuraldbg.causal.nodes.numerics import WEIGHTS_DTYPE
 from neuraldbg.causal.nodes.run import LR, LR_PEAK
 from neuraldbg.trace import Trace
 from neuraldbg.vocab import phrase
@@ -108,6 +109,8 @@ def suggested_fix(trace: Trace, ev: Evidence, cause: str, state: str, layer: str
                 f"or distribution changed{when}.")
     if cause == "training_loop":
         return _loop_fix(trace, state, at)
+    if cause == "numerics":
+        return _numerics_fix(trace, ev, state, when)
     if (cause, state) == ("unexplained", "not_learning"):
         return ("No modeled cause explains the stall: check that the model can express the task (a width-1 "
                 "bottleneck, a wrong output size) and that the loss matches the targets (a regression loss on "
@@ -126,6 +129,30 @@ def suggested_fix(trace: Trace, ev: Evidence, cause: str, state: str, layer: str
     return f"Add normalization/residual connections (or reduce depth) around {at}."
 
 
+
+
+def _numerics_fix(trace: Trace, ev: Evidence, state: str, when: str) -> str:
+    """The fix of a number that left its dtype: where it was born decides what to change."""
+    dtype = trace.signatures.value(WEIGHTS_DTYPE) or "low-precision"
+    if state == "updates_lost":
+        return (f"Keep fp32 master weights: train the model in float32 under `torch.autocast(device_type, "
+                f"dtype=torch.bfloat16)` (or keep an fp32 copy for the optimizer) instead of {dtype} weights; "
+                "the updates are below the weights' resolution and round away, so a larger learning rate is not "
+                "the fix.")
+    born = ev.observed.get("data_nan")
+    if born == "update":
+        eps = (" `eps` rounds to 0 in float16: raise it (e.g. `eps=1e-4`) or keep fp32 weights under autocast "
+               "with a `torch.amp.GradScaler`" if dtype == "float16"
+               else " check the optimizer's `eps` (0 divides 0 by 0 where a gradient is exactly zero) and any "
+                    "custom update rule")
+        return f"The optimizer's update made the weights non-finite{when} while everything before it was finite:{eps}."
+    if dtype == "float16":
+        return (f"Train in float32 under `torch.autocast(device_type, dtype=torch.float16)` with a "
+                f"`torch.amp.GradScaler` (or use bfloat16, whose range is fp32's): a value left float16's range"
+                f"{when}.")
+    return (f"Find the operation that leaves the dtype's range{when} (`torch.autograd.set_detect_anomaly(True)` "
+            "names it): an exp/log/division of unbounded values, a sum that grows without a normalization; clamp "
+            "or rescale it.")
 
 
 def _loop_fix(trace: Trace, state: str, at: str) -> str:

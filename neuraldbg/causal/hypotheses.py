@@ -39,7 +39,8 @@ FAILURE_VARIABLES: dict[str, tuple[str, ...]] = {
 #: Normal state of each failure variable (the failure "did not occur").
 _NORMAL = {"vanishing": "absent", "exploding": "absent", "dead": "absent", "saturation": "absent",
            "loss_pattern": "decreasing", "loss_start": "normal", "data_nan": "absent", "data_shift": "absent",
-           "target_fault": "absent", "progress": "learning", "input_scale": "normal", "output_collapse": "absent"}
+           "target_fault": "absent", "progress": "learning", "input_scale": "normal", "output_collapse": "absent",
+           "weights_precision": "full", "update_lost": "moved"}
 _VAR_FAILURE = {v: ft for ft, vs in FAILURE_VARIABLES.items() for v in vs}
 
 #: Failure type of a hypothesis with no event-backed evidence (e.g. a flat loss only).
@@ -52,6 +53,8 @@ DEFAULT_FAILURE: dict[tuple[str, str], str] = {
     ("data", "shifted"): "data_anomaly",
     ("architecture", "unstable"): "vanishing_gradients",
     **{("training_loop", s): "optimizer_instability" for s in ROOTS["training_loop"][1:]},
+    ("numerics", "overflow"): "data_anomaly",
+    ("numerics", "updates_lost"): "optimizer_instability",
     ("unexplained", "not_learning"): "optimizer_instability",
 }
 #: Variables whose reading is itself the finding when no event backs a hypothesis (its note is
@@ -59,7 +62,7 @@ DEFAULT_FAILURE: dict[tuple[str, str], str] = {
 #: reference; then the root causes' signatures (a 100x rate that still learns shows only
 #: there), the one that favours the hypothesis most; then the stall
 _NOTE_VARS = ("stale_grads", "orphan_params", "detached", "loss_input", "input_scale", "retention")
-_SIGNATURE_NOTE_VARS = ("step_size", "init_scale", "warmup", "target_fault")
+_SIGNATURE_NOTE_VARS = ("update_lost", "step_size", "init_scale", "warmup", "target_fault")
 #: The layer a loop bug names, read from its signature
 _LAYER_SIGNATURE = {("training_loop", "params_not_in_optimizer"): ORPHAN_LAYER,
                     ("training_loop", "graph_detached"): DETACHED_LAYER}

@@ -27,6 +27,12 @@ NEW_ROOTS: dict[str, tuple[dict[str, float], str]] = {
                       "cutting a module from the loss, a softmax in front of CrossEntropyLoss) are common in "
                       "hand-written loops; each has a direct signature, so the prior matters only where it is "
                       "unobserved."),
+    "numerics": ({"ok": 0.97, "overflow": 0.015, "updates_lost": 0.015},
+                 "Numbers that leave their precision (fp16 overflow, an Adam eps that rounds to zero, bf16 weights "
+                 "whose updates round away) are a fault of low-precision and hand-tuned runs; each shows in its own "
+                 "signature (the birthplace of the first non-finite value, the share of updates lost), and a "
+                 "precondition rules each out where the run lacks it (a non-finite value the run made, 16-bit "
+                 "weights), so the prior matters only where those are seen."),
     "unexplained": ({"ok": 0.97, "not_learning": 0.03},
                     "A leak: runs that do not learn for a reason outside the model (a bottleneck, a wrong loss). "
                     "Small, so that a stall goes to it only when no modeled cause explains it."),

@@ -20,8 +20,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_posterior_contract():
     post = api.posterior(lr_too_high())
     assert isinstance(post, Posterior) and isinstance(post, dict)
-    assert set(post) == {"learning_rate", "initialization", "data", "architecture", "training_loop", "unexplained",
-                         "healthy"}
+    assert set(post) == {"learning_rate", "initialization", "data", "architecture", "training_loop", "numerics",
+                         "unexplained", "healthy"}
     for d in post.values():
         assert sum(d.values()) == pytest.approx(1.0, abs=1e-12)
     assert "ok" in post["learning_rate"]

@@ -15,6 +15,7 @@ def test_roots_match_api_md():
         "architecture": ("ok", "unstable"),
         "training_loop": ("ok", "stale_gradients", "params_not_in_optimizer", "graph_detached",
                           "loss_on_probabilities"),
+        "numerics": ("ok", "overflow", "updates_lost"),
         "unexplained": ("ok", "not_learning"),
     }
 
@@ -30,16 +31,17 @@ def test_every_node_has_sorted_known_parents_and_is_declared_after_them():
 def test_latent_mechanism_carries_the_correlated_instability_symptoms():
     children = {child for parent, child in NET.edges() if parent == "instability"}
     assert {"exploding", "loss_pattern", "data_nan", "dead"} <= children
-    # no root points straight at the exploding-gradient symptom: only mechanisms do (corrupted
-    # values: non-finite gradients are a direct consequence, not instability)
-    assert {p for p, c in NET.edges() if c == "exploding"} == {"corruption", "instability"}
+    # no data or optimization root points straight at the exploding-gradient symptom: only
+    # mechanisms do (corrupted values: non-finite gradients are a direct consequence, not
+    # instability), and an overflow, whose non-finite weights give infinite gradients directly
+    assert {p for p, c in NET.edges() if c == "exploding"} == {"corruption", "instability", "numerics"}
 
 
 def test_states_and_parents_lookup_errors_name_valid_variables():
     assert NET.states_of("data") == ("ok", "corrupted", "shifted")
     assert NET.parents_of("learning_rate") == ()
-    assert NET.parents_of("loss_pattern") == ("corruption", "data", "instability", "learning_rate", "signal_decay",
-                                              "unexplained")
+    assert NET.parents_of("loss_pattern") == ("corruption", "data", "instability", "learning_rate", "numerics",
+                                              "signal_decay", "unexplained")
     with pytest.raises(KeyError, match="valid: .*learning_rate"):
         NET.states_of("nope")
     with pytest.raises(KeyError):

@@ -279,8 +279,9 @@ def retention(view: TraceView) -> Reading | None:
 NODES = (
     Table(
         "step_size", ("normal", "tiny", "large", "elevated", "small", "extreme"),
-        parents=("initialization", "learning_rate"),
+        parents=("initialization", "learning_rate", "numerics"),
         rows=(
+            ({"numerics": "updates_lost"}, (0.08, 0.55, 0.01, 0.01, 0.34, 0.01)),
             ({"learning_rate": "too_high"}, (0.075, 0.01, 0.35, 0.16, 0.005, 0.40)),
             ({"learning_rate": "too_low"}, (0.08, 0.60, 0.01, 0.01, 0.295, 0.005)),
             ({"initialization": "too_small"}, (0.35, 0.05, 0.25, 0.19, 0.01, 0.15)),
@@ -293,7 +294,9 @@ NODES = (
             "rate larger than the weights themselves. Its only parents are the learning "
             "rate and the weight scale it is relative to: an adaptive optimizer takes steps of "
             "about lr whatever the weights, so tiny weights read as large steps and huge "
-            "weights as tiny ones; the initialization signature tells those apart.",
+            "weights as tiny ones; the initialization signature tells those apart. Updates that "
+            "round away in half-precision weights read as tiny or small steps whatever the rate "
+            "(the numerics parent): the step taken is not the step the rate asked for.",
         extract=step_size,
     ),
     Table(

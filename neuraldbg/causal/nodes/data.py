@@ -31,6 +31,7 @@ import math
 from typing import Sequence
 
 from neuraldbg.causal.nodes.loss import MIN_LOSS_POINTS, median
+from neuraldbg.causal.nodes.numerics import first_nonfinite
 from neuraldbg.causal.nodes.run import chance_loss, started_trained
 from neuraldbg.causal.structure import NoisyMax, Precondition, Reading, Table
 from neuraldbg.causal.view import TraceView
@@ -77,8 +78,15 @@ _INSTABILITY = {(GRADIENT, "exploding"), (OPTIMIZER, "spike"), (OPTIMIZER, "dive
 
 
 def data_nan(view: TraceView) -> Reading | None:
-    """First NaN/Inf: at the input, or born inside (after instability, or out of a calm run)."""
+    """First NaN/Inf by birthplace: at the input; born inside the network (after instability, or
+    out of a calm run); or born in the gradients or the optimizer's update while everything
+    before them was finite (:func:`~neuraldbg.causal.nodes.numerics.first_nonfinite`)."""
     nan = view.of_kind(DATA, "nan", "inf")
+    born = first_nonfinite(view)
+    if born is not None and born[0] in ("backward", "update"):
+        where = "the gradients" if born[0] == "backward" else "the optimizer's update (weights finite before it)"
+        return Reading(born[0], tuple(nan), f"first non-finite value born in {where} at step {born[1]}, with the "
+                                            "inputs, the layer outputs and the loss finite")
     if not nan:
         return Reading("absent") if view.watched else view.unwatched("no layer was monitored")
     first = view.first(nan)
@@ -215,17 +223,22 @@ def target_fault(view: TraceView) -> Reading | None:
 
 NODES = (
     NoisyMax(
-        "data_nan", ("absent", "inside_after", "inside_sudden", "input"),
-        leak={"inside_after": 0.003, "inside_sudden": 0.003, "input": 0.001},
+        "data_nan", ("absent", "inside_after", "inside_sudden", "backward", "update", "input"),
+        leak={"inside_after": 0.003, "inside_sudden": 0.003, "input": 0.001, "backward": 0.001, "update": 0.0005},
         effects={
             "corruption=values": {"input": 0.80, "inside_sudden": 0.15},
-            "instability=training": {"inside_after": 0.30, "inside_sudden": 0.05},
-            "instability=init": {"inside_after": 0.15, "inside_sudden": 0.15},
+            "instability=training": {"inside_after": 0.30, "inside_sudden": 0.05, "backward": 0.02,
+                                     "update": 0.01},
+            "instability=init": {"inside_after": 0.15, "inside_sudden": 0.15, "backward": 0.02},
+            "numerics=overflow": {"update": 0.45, "inside_sudden": 0.20, "backward": 0.15, "inside_after": 0.10},
         },
-        why="First NaN/Inf: at the model's input boundary (the data carried it in); born "
-            "inside after gradients or loss were already growing (overflow); or born inside "
-            "out of a healthy run (a malformed sample reaching the net by another path: an "
-            "all-masked attention row, a sub-network's own input).",
+        why="First NaN/Inf by birthplace: at the model's input boundary (the data carried it "
+            "in); born inside after gradients or loss were already growing (a blow-up); born "
+            "inside out of a healthy run (a malformed sample reaching the net by another path: an "
+            "all-masked attention row, a sub-network's own input; or an fp16 activation out of "
+            "range); born in the gradients while the forward and the loss were finite; or born "
+            "in the optimizer's update, the weights finite before it (an Adam eps that rounds "
+            "to zero in fp16, eps=0: a 0/0). The last two are the run's own numbers, not data.",
         extract=data_nan,
     ),
     NoisyMax(
@@ -277,16 +290,24 @@ NODES = (
 
 def lacks_bad_data(view: TraceView) -> str | None:
     """Why the run shows nothing corrupted data produces (``None``: it shows something, or could
-    not tell): no non-finite value anywhere and targets that read normal, both observed."""
+    not tell): no non-finite value anywhere, or the first one born in the gradients or the
+    optimizer's update (the run's own numbers), and targets that read normal, both observed."""
     nan, targets = data_nan(view), target_fault_of(view)
-    if nan is not None and nan.state == "absent" and targets is not None and targets.state == "absent":
+    if nan is None or targets is None or targets.state != "absent":
+        return None
+    if nan.state == "absent":
         return "no NaN or Inf anywhere in the run, and the targets read normal"
+    if nan.state in ("backward", "update"):
+        born = first_nonfinite(view)
+        where = "gradients" if nan.state == "backward" else "optimizer's update"
+        return (f"the first non-finite value was born in the {where} (step {born[1] if born else '?'}) with every "
+                "input and the loss finite, and the targets read normal")
     return None
 
 
 PRECONDITIONS = (
     Precondition(
-        "data", "corrupted", "non-finite values or faulty targets", lacks_bad_data,
+        "data", "corrupted", "non-finite values in the data or faulty targets", lacks_bad_data,
         why="Corrupted data shows as what it is: a NaN or Inf in a batch, or targets that stop matching their "
             "inputs. A plateau or exploding gradients alone are no sign of it (both are a learning rate's first).",
     ),

@@ -238,9 +238,11 @@ NODES = (
             "instability=init": {"init": 0.75, "later": 0.15},
             "corruption=values": {"later": 0.55},
             "corruption=targets": {"later": 0.30},
+            "numerics=overflow": {"later": 0.45, "init": 0.15},
         },
         why="First exploding-gradient event, by onset phase. Non-finite gradients from a "
-            "NaN batch also read as exploding, hence the direct edge from corrupted values. "
+            "NaN batch also read as exploding, hence the direct edge from corrupted values, and "
+            "so do the infinite gradients of weights an overflow made non-finite. "
             "Targets that stop matching a model that had fitted them meet confident wrong "
             "predictions: the cross-entropy gradient (p - y) goes from near zero to near one, "
             "far above the baseline formed while the model fitted, hence the edge from "

@@ -402,6 +402,8 @@ NODES = (
             "corruption=targets": {"flat": 0.35, "spike": 0.15, "slow": 0.15},
             "data=shifted": {"spike": 0.40},
             "unexplained=not_learning": {"flat": 0.5, "slow": 0.3},
+            "numerics=overflow": {"nonfinite": 0.80, "divergence": 0.05},
+            "numerics=updates_lost": {"flat": 0.45, "slow": 0.40},
         },
         why="The loss curve, as one variable so spike/divergence/NaN loss are one observation. "
             "States are ordered by precedence: the worst pattern seen is the one observed.",
@@ -434,6 +436,8 @@ NODES = (
             "training_loop=loss_on_probabilities": {"stalled": 0.5},
             "corruption=targets": {"stalled": 0.6},
             "data=shifted": {"stalled": 0.2},
+            "numerics=updates_lost": {"stalled": 0.85},
+            "numerics=overflow": {"stalled": 0.3},
         },
         why="Whether the run learns at all: its loss at the end within 20 % of chance level, flat or drifting "
             "there slowly (or within 10 % of its own start). A healthy run learns, so the leak is small; a run "

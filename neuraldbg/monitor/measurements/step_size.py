@@ -16,6 +16,7 @@ from typing import Any, Iterable
 import torch
 
 from neuraldbg.causal.nodes.causes import STEP_RATIO_MAX, STEP_RATIO_MEDIAN, STEP_RATIO_PEAK, STEP_RATIO_STEPS
+from neuraldbg.causal.nodes.numerics import UPDATE_LOST_SHARE
 from neuraldbg.causal.nodes.run import LR_PEAK
 from neuraldbg.lifecycle import AddonContext, Measurement
 from neuraldbg.monitor.measurements import register_measurement
@@ -45,6 +46,19 @@ def layer_ratios(before: list[torch.Tensor], after: list[torch.Tensor], layer_in
     return torch.where(wsq > 0, (dsq / torch.where(wsq > 0, wsq, torch.ones_like(wsq))).sqrt(), nan)
 
 
+def lost_counts(before: list[torch.Tensor], after: list[torch.Tensor], grads: list[torch.Tensor]) -> torch.Tensor:
+    """``(elements the update left unchanged although their gradient was non-zero, elements with
+    a non-zero gradient)`` over the tensors, as a 2-element float tensor on their device (no
+    sync): the updates that rounded away below the weights' resolution."""
+    lost = torch.zeros((), dtype=torch.float64, device=after[0].device) if after else torch.zeros(())
+    meant = torch.zeros_like(lost)
+    for b, a, g in zip(before, after, grads):
+        wanted = g.ne(0)
+        meant += wanted.sum()
+        lost += wanted.logical_and_(a.eq(b)).sum()
+    return torch.stack((lost, meant))
+
+
 def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
     """An index tensor on ``device`` without a blocking copy (a pinned, asynchronous one on
     CUDA), so that the training loop never waits for the device."""
@@ -70,7 +84,7 @@ class StepSize(Measurement):
     healthy run look slow. :meth:`summary` reads them with one host transfer.
     """
 
-    signatures = (STEP_RATIO_MEDIAN, STEP_RATIO_MAX, STEP_RATIO_PEAK, STEP_RATIO_STEPS, LR_PEAK)
+    signatures = (STEP_RATIO_MEDIAN, STEP_RATIO_MAX, STEP_RATIO_PEAK, STEP_RATIO_STEPS, LR_PEAK, UPDATE_LOST_SHARE)
     unchecked = ()  # checked optimizer steps only: the weights are copied before their update
     #: measured optimizer steps kept (memory and copies stay bounded on long runs)
     WINDOW = 16
@@ -82,6 +96,7 @@ class StepSize(Measurement):
         self._index: torch.Tensor | None = None
         self._n_layers = 0
         self._values: list[torch.Tensor] = []   # per measured step: (median, max) over layers
+        self._lost: list[torch.Tensor] = []     # per measured step: (elements lost, elements meant to move)
         self._lrs: list[float | None] = []       # the learning rate of each measured step
         self._at: list[int] = []                 # the step of each measured update
         self._lr_now: float | None = None
@@ -145,7 +160,11 @@ class StepSize(Measurement):
         if before is None:
             return
         with torch.no_grad():
-            ratios = layer_ratios(before, [local(p).detach() for p in self._params], self._index, self._n_layers)
+            after = [local(p).detach() for p in self._params]
+            ratios = layer_ratios(before, after, self._index, self._n_layers)
+            grads = [local(p.grad).detach() if p.grad is not None else None for p in self._params]
+            if all(g is not None and g.shape == a.shape for g, a in zip(grads, after)):
+                self._lost.append(lost_counts(before, after, grads))
             # NaN-aware on the device: a layer with zero weights has no ratio, and masking it
             # out with boolean indexing would sync
             top = torch.nan_to_num(ratios, nan=-1.0).max()
@@ -166,6 +185,10 @@ class StepSize(Measurement):
             return out
         rows = torch.stack(self._values).cpu().tolist()
         out[STEP_RATIO_STEPS] = len(rows)
+        if self._lost:
+            shares = sorted(lost / meant for lost, meant in torch.stack(self._lost).cpu().tolist() if meant > 0)
+            if shares:
+                out[UPDATE_LOST_SHARE] = shares[len(shares) // 2]
         known = self.lr_peak is not None and all(lr is not None and lr > 0 for lr in self._lrs)
         for col, sig in ((0, STEP_RATIO_MEDIAN), (1, STEP_RATIO_MAX)):
             vals = [(r[col] / lr * self.lr_peak if known else r[col]) for r, lr in zip(rows, self._lrs)
@@ -197,4 +220,4 @@ class StepSize(Measurement):
         it does not see them)."""
         if not self._at:
             return {}
-        return {sig: self._at[-1] for sig in _RATIOS}
+        return {sig: self._at[-1] for sig in (*_RATIOS, UPDATE_LOST_SHARE)}

@@ -1,0 +1,116 @@
+"""The run's own numbers: the weights' dtype, and the first gradients and weights that left their range.
+
+Three readings for the ``numerics`` evidence (``neuraldbg/causal/nodes/numerics.py``):
+
+* ``weights_dtype`` -- on entry, the floating dtype that holds most trainable elements;
+* ``nonfinite_grad_step`` -- from the host statistics of each checked step (no extra device
+  work): the first step whose parameter gradients were non-finite, unless a ``GradScaler``
+  was given (it skips such steps by design);
+* ``nonfinite_weights_step`` -- after each checked optimizer update, one max-abs reduction per
+  updated tensor (``torch._foreach_norm(ord=inf)``: it never overflows on finite values and
+  propagates NaN), folded into one device flag; the step it is dated at is the one whose
+  forward runs next on those weights, noted on the device with ``masked_fill_`` (no sync) and
+  read once by :meth:`Numerics.summary`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from neuraldbg.causal.nodes.numerics import NONFINITE_GRAD_STEP, NONFINITE_WEIGHTS_STEP, WEIGHTS_DTYPE
+from neuraldbg.lifecycle import AddonContext, Measurement
+from neuraldbg.monitor.measurements import register_measurement
+from neuraldbg.monitor.stats import local, measurable
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def majority_dtype(params: Any) -> str | None:
+    """The floating dtype holding most elements of the trainable ``params`` (``None``: none)."""
+    counts: dict[torch.dtype, int] = {}
+    for p in params:
+        if p.requires_grad and p.is_floating_point():
+            counts[p.dtype] = counts.get(p.dtype, 0) + local(p).numel()
+    if not counts:
+        return None
+    return dtype_name(max(counts.items(), key=lambda kv: (kv[1], str(kv[0])))[0])
+
+
+def nonfinite_flag(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """A 0-d bool tensor on the tensors' device: whether any element of ``tensors`` is NaN or
+    infinite (one foreach max-abs kernel, no host sync)."""
+    norms = torch._foreach_norm(tensors, ord=math.inf)
+    return torch.stack([n.float() for n in norms]).max().isfinite().logical_not()
+
+
+@register_measurement
+class Numerics(Measurement):
+    """``weights_dtype``, ``nonfinite_grad_step`` and ``nonfinite_weights_step`` (module docstring)."""
+
+    signatures = (WEIGHTS_DTYPE, NONFINITE_GRAD_STEP, NONFINITE_WEIGHTS_STEP)
+    unchecked = ()  # checked steps only: their statistics and their updates
+
+    def __init__(self) -> None:
+        self._dtype: str | None = None
+        self._grad_step: int | None = None
+        self._first: torch.Tensor | None = None  # device: the dated step, -1 while all finite
+        self._backward_at: int | None = None
+        self._scaled = False
+
+    def enter(self, ctx: AddonContext) -> None:
+        """The dtype census of the trainable parameters."""
+        self._dtype = majority_dtype(p for p in ctx.root.parameters() if measurable(p))
+        self._scaled = ctx.settings.scaler is not None
+
+    def backward_started(self, ctx: AddonContext, param: Any) -> None:
+        """The step a checked backward runs in: an update in that same step feeds the next
+        step's forward; one made after ``record_loss`` advanced the step feeds this one's."""
+        self._backward_at = ctx.step
+
+    def checked_step(self, ctx: AddonContext, stats: Any) -> None:
+        """The first step with non-finite parameter gradients (a GradScaler's skips excepted)."""
+        if self._grad_step is None and not self._scaled and stats.grad_scale is None \
+                and stats.nonfinite_grad_layers():
+            self._grad_step = stats.step
+
+    def optimizer_post(self, ctx: AddonContext, optimizer: Any, checked: bool) -> None:
+        """Whether a checked update left any updated tensor non-finite, dated on the device."""
+        if not checked or not ctx.is_primary(optimizer):
+            return
+        params = [local(p).detach() for g in optimizer.param_groups for p in g["params"]
+                  if p.grad is not None and measurable(p) and p.is_floating_point()]
+        if not params:
+            return
+        date = ctx.step + 1 if self._backward_at is not None and self._backward_at >= ctx.step else ctx.step
+        with torch.no_grad():
+            bad = nonfinite_flag(params)
+            if self._first is None:
+                self._first = torch.full((), -1, dtype=torch.int64, device=bad.device)
+            self._first.masked_fill_(bad & (self._first < 0), date)
+
+    def summary(self) -> dict[Any, Any]:
+        """The dtype, and the first non-finite gradient and weight steps where seen (one host read)."""
+        out: dict[Any, Any] = {}
+        if self._dtype is not None:
+            out[WEIGHTS_DTYPE] = self._dtype
+        if self._grad_step is not None:
+            out[NONFINITE_GRAD_STEP] = self._grad_step
+        if self._first is not None:
+            first = int(self._first.item())
+            if first >= 0:
+                out[NONFINITE_WEIGHTS_STEP] = first
+        return out
+
+    def steps(self) -> dict[Any, int]:
+        """The non-finite steps are known from their own step on."""
+        out = self.summary()
+        return {sig: v for sig, v in out.items() if sig in (NONFINITE_GRAD_STEP, NONFINITE_WEIGHTS_STEP)}
+
+    def gaps(self) -> dict[Any, str]:
+        """Why the dtype was not read."""
+        return {} if self._dtype is not None else {WEIGHTS_DTYPE: "the model has no trainable floating parameter"}

@@ -1,0 +1,52 @@
+"""The numerics measurements (``neuraldbg/monitor/measurements/numerics.py`` and the lost
+updates of ``step_size.py``) on hand-made tensors."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from neuraldbg.monitor.measurements.numerics import dtype_name, majority_dtype, nonfinite_flag
+from neuraldbg.monitor.measurements.step_size import lost_counts
+
+
+def test_dtype_name():
+    assert dtype_name(torch.bfloat16) == "bfloat16" and dtype_name(torch.float32) == "float32"
+
+
+def test_the_majority_dtype_counts_trainable_elements():
+    big = nn.Linear(100, 100).to(torch.bfloat16)        # 10,100 elements
+    small = nn.Linear(10, 10)                            # 110 fp32 elements
+    assert majority_dtype(list(big.parameters()) + list(small.parameters())) == "bfloat16"
+    for p in big.parameters():
+        p.requires_grad_(False)                          # frozen: not what the optimizer trains
+    assert majority_dtype(list(big.parameters()) + list(small.parameters())) == "float32"
+    assert majority_dtype([torch.zeros(3, dtype=torch.int64)]) is None
+    assert majority_dtype([]) is None
+
+
+def test_the_nonfinite_flag_sees_nan_and_inf_in_any_tensor_and_never_overflows():
+    fine = [torch.ones(4), torch.full((3,), 60000.0, dtype=torch.float16)]  # a 2-norm would overflow fp16
+    assert not bool(nonfinite_flag(fine))
+    assert bool(nonfinite_flag(fine + [torch.tensor([1.0, math.nan])]))
+    assert bool(nonfinite_flag([torch.tensor([math.inf], dtype=torch.bfloat16)]))
+
+
+def test_lost_counts_count_elements_meant_to_move_that_did_not():
+    before = [torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([[1.0, 1.0]])]
+    after = [torch.tensor([1.0, 2.5, 3.0, 4.0]), torch.tensor([[1.0, 0.5]])]
+    grads = [torch.tensor([0.1, 0.1, 0.0, 0.2]), torch.tensor([[0.3, 0.3]])]
+    # meant to move: 3 + 2 elements; unchanged among them: index 0 and 3, and [0, 0]
+    lost, meant = lost_counts(before, after, grads).tolist()
+    assert (lost, meant) == (3.0, 5.0)
+
+
+def test_bf16_updates_below_resolution_are_lost_and_fp32_ones_are_not():
+    w = torch.full((1000,), 0.03)
+    g = torch.ones(1000)
+    for dtype, lost_all in ((torch.bfloat16, True), (torch.float32, False)):
+        b = w.to(dtype)
+        a = b - torch.tensor(3e-5, dtype=dtype)            # an Adam step of about the rate
+        lost, meant = lost_counts([b], [a], [g.to(dtype)]).tolist()
+        assert meant == 1000 and (lost == 1000) is lost_all and (lost == 0) is not lost_all
