@@ -117,8 +117,20 @@ def evaluate(df: pd.DataFrame, null_draws: int = 2000, seed: int = 0) -> dict[st
     except Exception as exc:
         log.warning("verification scores could not be computed: %s", exc)
         res["verification"] = {"n": 0, "why": f"{type(exc).__name__}: {exc}"}
+    res["unsupported"] = unsupported_answers(good)
     res["goals"] = goals(res)
     return res
+
+
+def unsupported_answers(df: pd.DataFrame) -> tuple[int, int] | None:
+    """``(top hypotheses above 0.5 that no observation of their own favours, top hypotheses
+    above 0.5)``; ``None`` for records made before ``pred_evidence`` was recorded."""
+    if "pred_evidence" not in df.columns or "pred_prob" not in df.columns:
+        return None
+    p = pd.to_numeric(df["pred_prob"], errors="coerce")
+    above = p > 0.5
+    bare = df["pred_evidence"].fillna("").astype(str).str.strip() == ""
+    return int((above & bare).sum()), int(above.sum())
 
 
 def _family_table(df: pd.DataFrame, p: Mapping[str, np.ndarray], y: np.ndarray) -> pd.DataFrame:
@@ -179,6 +191,10 @@ def goals(res: Mapping[str, Any]) -> pd.DataFrame:
          f"95% upper bound {fmt(bn.get('false_alarm_upper'))})",
          _verdict(bn.get("false_alarm") if res["n_healthy"] else None, lambda v: v <= GOAL_FALSE_ALARM)),
     ]
+    own = res.get("unsupported")
+    rows.append(("no hypothesis above 0.5 without evidence of its own",
+                 f"{own[0]} of {own[1]}" if own else "n/a (records without pred_evidence)",
+                 "n/a" if not own else ("PASS" if own[0] == 0 else "FAIL")))
     rows += _verification_goals(res.get("verification") or {})
     for base in [p for p in PREDICTORS if p != "bayes_net"]:
         if base not in ov.index:

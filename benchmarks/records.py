@@ -35,12 +35,16 @@ API_COLUMNS: tuple[str, ...] = (
 #: Further columns every record carries (new ones last: earlier columns keep their positions);
 #: ``code`` is the hash of the code that made the record (:func:`neuraldbg.source.code_version`);
 #: ``note`` says what ran otherwise than written, and why (``RunResult.notes``: an LSTM in float32
-#: on a CPU without bf16 LSTM kernels), empty when everything ran as written.
+#: on a CPU without bf16 LSTM kernels), empty when everything ran as written; ``pred_evidence``
+#: names the observations that favour the top hypothesis (likelihood ratio against a healthy run
+#: at least ``neuraldbg.causal.hypotheses.SUPPORT_LR``, strongest first), empty when it rests on
+#: none of its own.
 EXTRA_COLUMNS: tuple[str, ...] = (
     "key", "n_hypotheses", "hypotheses", "posterior", "n_events", *(f"events_{k}" for k in ALL_EVENT_KINDS),
     "first_event_kind", "first_event_layer", "first_event_step", "loss_first", "loss_last",
     "loss_nonfinite", "baseline_first_event", "baseline_threshold_rules", "rules_fired",
     "timing_order", "steps_requested", "session", "harness_seconds", "error", "suite", "code", "note",
+    "pred_evidence",
 )
 RECORD_COLUMNS: tuple[str, ...] = API_COLUMNS + EXTRA_COLUMNS
 #: Columns of ``run --verify`` (docs/verification.md): the top hypothesis and posterior after
@@ -56,7 +60,7 @@ TEXT_COLUMNS: tuple[str, ...] = (
     "arch", "family", "injection", "true_cause", "true_state", "pred_cause", "pred_state", "origin_layer",
     "true_layer", "key", "hypotheses", "posterior", "first_event_kind", "first_event_layer",
     "baseline_first_event", "baseline_threshold_rules", "rules_fired", "timing_order", "session", "error",
-    "traceback", "suite", "code", "note", "verified_pred_cause", "verified_pred_state", "verify_tests",
+    "traceback", "suite", "code", "note", "pred_evidence", "verified_pred_cause", "verified_pred_state", "verify_tests",
     "verify_joint_before", "verify_error",
 )
 #: Columns holding whole numbers (possibly missing).
@@ -131,9 +135,9 @@ def fill_monitor(rec: dict[str, Any], dbg: Any, session_path: Path, out: Path) -
         top = hyps[0]
         rec.update(pred_cause=top.cause, pred_state=top.state, pred_prob=float(top.probability),
                    origin_layer=getattr(top, "origin_layer", None) or "",
-                   onset_step=getattr(top, "onset_step", None))
+                   onset_step=getattr(top, "onset_step", None), pred_evidence=own_evidence(dbg, top))
     else:
-        rec.update(pred_cause="", pred_state="", pred_prob=None, origin_layer="", onset_step=None)
+        rec.update(pred_cause="", pred_state="", pred_prob=None, origin_layer="", onset_step=None, pred_evidence="")
 
     events = list(dbg.events)
     rec["n_events"] = len(events)
@@ -185,6 +189,22 @@ def fill_verification(rec: dict[str, Any], dbg: Any, res: Any, steps: int, top: 
     rec["verify_tests"] = json.dumps([t.to_dict() for t in v.tests])
     rec["verify_joint_before"] = json.dumps(list(v.root_joint_before))
     rec["verify_error"] = ""
+
+
+def own_evidence(dbg: Any, h: Any) -> str:
+    """The observations that favour hypothesis ``h`` of the monitor ``dbg``, strongest first
+    (comma-separated; empty when none does: a hypothesis resting on no evidence of its own)."""
+    from neuraldbg.causal import api
+    from neuraldbg.causal.hypotheses import support
+
+    try:
+        tr = dbg.trace()
+        sup = support(api.compiled(api.resolve_priors(tr, getattr(dbg, "priors", None))), api.evidence(tr),
+                      h.cause, h.state)
+    except Exception as exc:  # noqa: BLE001 - a record keeps its other columns
+        log.warning("own evidence of %s/%s not computed: %r", h.cause, h.state, exc)
+        return ""
+    return ",".join(v for v, _ in sorted(sup.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def _hyp_dict(h: Any) -> dict[str, Any]:

@@ -29,8 +29,8 @@ def test_label_space_is_healthy_plus_every_abnormal_root_state():
                         "initialization/too_large", "data/corrupted", "data/shifted", "architecture/unstable",
                         "training_loop/stale_gradients", "training_loop/params_not_in_optimizer",
                         "training_loop/graph_detached", "training_loop/loss_on_probabilities",
-                        "unexplained/not_learning")
-    assert len(M.posterior_columns()) == 18  # every root state, ok included
+                        "numerics/overflow", "numerics/updates_lost", "unexplained/not_learning")
+    assert len(M.posterior_columns()) == 21  # every root state, ok included
 
 
 def test_parse_post_column_handles_underscored_names():

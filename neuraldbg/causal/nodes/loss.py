@@ -30,7 +30,14 @@ Cut points (reasoning in ``docs/causal_model.md``):
   runs as stalled: a healthy MLP after its first 21 steps sits at 0.83 ``ln K`` on its way
   down, and the ecosystem's ``lora_bert``, whose recipe barely leaves chance in its 120 steps,
   ends at 0.81-0.86 on 3 of seeds 0-8. Telling a drift from a run on its way down needs the
-  curve's pace, not a level; until then the band stays at 10 %.
+  curve's pace, not a level: see ``DRIFT_BAND``.
+* ``DRIFT_BAND``/``PACE_RUNS`` -- between ``DRIFT_BAND`` and ``NEAR_CHANCE`` of chance level a
+  loss is stalled when it has stopped moving: at the pace of the last half of the run
+  (:func:`pace_runs`) it would need more than ``PACE_RUNS`` further runs of the same length to
+  reach half of chance level. A run on its way down covers that in a fraction of a run (the
+  healthy MLP after 21 steps); slow healthy learners of both suites (a LoRA fine-tune that barely
+  leaves chance, a GPT-2 adapter at 0.74) need 1.3-1.8 runs; a schedule that collapsed to a
+  thousandth of its peak leaves the loss at 0.80-0.87 of chance needing ten runs or never.
 * ``FLOOR_START`` -- a run entered on trained weights whose loss starts below this share of
   chance level (the monitor's ``TRAINED_START``) is at its floor: a flat or slow curve there is a
   model with little left to gain, not a stall (:func:`loss_pattern_reading`); without a chance
@@ -72,6 +79,8 @@ LOSS_HEAD = 0.1
 MIN_RISE_POINTS = 10
 STALLED = 0.9
 NEAR_CHANCE = 0.9
+DRIFT_BAND = 0.8
+PACE_RUNS = 5.0
 FLOOR_START = 0.5
 PROGRESS_TAIL = 0.2
 RECOVER_POINTS = 5
@@ -344,11 +353,34 @@ def progress_ratio(values: Sequence[float], chance: float | None) -> tuple[float
     return (tail / ref, ref, what) if ref > 0 else None
 
 
-def progress_state(ratio: float, against_chance: bool) -> str:
+def progress_state(ratio: float, against_chance: bool, pace: float | None = None) -> str:
     """'stalled' or 'learning' from :func:`progress_ratio`'s ratio: stalled at or above
-    ``NEAR_CHANCE`` of chance level (``against_chance``), or ``STALLED`` of the run's own start.
-    Pure."""
-    return "stalled" if ratio >= (NEAR_CHANCE if against_chance else STALLED) else "learning"
+    ``NEAR_CHANCE`` of chance level (``against_chance``), or ``STALLED`` of the run's own start;
+    between ``DRIFT_BAND`` and ``NEAR_CHANCE`` of chance, stalled when ``pace`` (:func:`pace_runs`)
+    exceeds ``PACE_RUNS``. Pure."""
+    if not against_chance:
+        return "stalled" if ratio >= STALLED else "learning"
+    if ratio >= NEAR_CHANCE:
+        return "stalled"
+    return "stalled" if ratio >= DRIFT_BAND and pace is not None and pace > PACE_RUNS else "learning"
+
+
+def pace_runs(values: Sequence[float], target: float) -> float | None:
+    """How many more runs of this length the loss would need to reach ``target`` at the pace of
+    the last half of the run: the fall per step between the medians of the first and the last
+    eighth (at least 3 values) of that half, against the distance from the tail (as
+    :func:`progress_ratio` reads it) to ``target``; ``math.inf`` when it did not fall, 0 when it
+    is already there, ``None`` under ``MIN_LOSS_POINTS`` values. Pure."""
+    n = len(values)
+    if n < MIN_LOSS_POINTS:
+        return None
+    w, half = max(3, n // 8), n // 2
+    start, end = median(values[half:half + w]), median(values[n - w:])
+    tail = median(values[n - max(3, int(n * PROGRESS_TAIL)):])
+    if tail <= target:
+        return 0.0
+    fall = (start - end) / max(1, (n - w) - half)
+    return (tail - target) / fall / n if fall > 0 else math.inf
 
 
 def progress(view: TraceView) -> Reading | None:
@@ -373,13 +405,19 @@ def progress(view: TraceView) -> Reading | None:
     if got is None:
         return Reading(None, reason=f"fewer than {MIN_LOSS_POINTS} finite losses, or no positive reference")
     ratio, ref, what = got
-    state = progress_state(ratio, chance is not None)
+    pace = pace_runs(vals, 0.5 * chance) if chance is not None and DRIFT_BAND <= ratio < NEAR_CHANCE else None
+    state = progress_state(ratio, chance is not None, pace)
     if state == "stalled" and _returned_to_chance(view):
         # the run learned, then its loss went back to chance: the stall is that return, which
         # target_fault reads; as "not learning" it would be counted twice (and blamed on causes
         # that never let a run learn: a learning rate too low, a decayed signal)
         return Reading(None, reason=(f"the loss learned, then went back to chance ({ratio:.2f}x {what}): "
                                      "the stall is that return, read by target_fault"))
+    if pace is not None and state == "stalled":
+        at = "it has stopped falling" if math.isinf(pace) else \
+            f"at its pace over the last half it would need {pace:.0f} more runs of this length to reach half of it"
+        return Reading(state, (), f"the loss ends at {ratio:.2f}x {what} ({ref:.3g}) after {trace.loss.n} steps, "
+                                  f"and {at}")
     return Reading(state, (), f"the loss ends at {ratio:.2f}x {what} ({ref:.3g}) after {trace.loss.n} steps")
 
 
@@ -439,8 +477,9 @@ NODES = (
             "numerics=updates_lost": {"stalled": 0.85},
             "numerics=overflow": {"stalled": 0.3},
         },
-        why="Whether the run learns at all: its loss at the end within 20 % of chance level, flat or drifting "
-            "there slowly (or within 10 % of its own start). A healthy run learns, so the leak is small; a run "
+        why="Whether the run learns at all: its loss at the end within 10 % of chance level, flat or drifting "
+            "there slowly, or within 20 % of it and no longer falling at a pace that would take it anywhere "
+            "(or within 10 % of its own start). A healthy run learns, so the leak is small; a run "
             "that does not learn while no modeled cause explains it is the 'unexplained' leak root's "
             "(not_learning).",
         extract=progress,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from neuraldbg.causal import api
 from neuraldbg.causal.nodes.loss import RECOVER_FACTOR, RECOVER_POINTS, confident_mistakes, loss_pattern
 from neuraldbg.causal.view import TraceView
@@ -79,3 +81,28 @@ def test_only_the_reading_of_the_spike_decides_healthy():
     p_benign = api.posterior(benign).p_healthy
     p_unstable = api.posterior(unstable).p_healthy
     assert p_benign > 0.5 > p_unstable
+
+
+def test_pace_runs_on_hand_computed_curves():
+    from neuraldbg.causal.nodes.loss import pace_runs
+
+    # 40 values: the last half falls 0.01 per step from 1.0; its first and last eighths (5 values)
+    # have medians 0.98 and 0.83, 15 steps apart: 0.01 per step. The tail (last 8) has (upper)
+    # median 0.85; 0.35 to go to 0.5: 35 steps, 0.875 runs of 40 steps
+    vals = [1.2] * 20 + [1.0 - 0.01 * i for i in range(20)]
+    assert pace_runs(vals, 0.5) == pytest.approx(0.875)
+    assert pace_runs([0.9] * 40, 0.5) == math.inf       # it stopped falling
+    assert pace_runs([0.4] * 40, 0.5) == 0.0            # already there
+    assert pace_runs([0.9] * 10, 0.5) is None           # too short to read a pace
+
+
+def test_a_loss_that_stopped_near_chance_is_stalled_and_one_on_its_way_down_is_not():
+    from neuraldbg.causal.nodes.loss import DRIFT_BAND, NEAR_CHANCE, PACE_RUNS, progress_state
+
+    assert progress_state(0.85, True, pace=math.inf) == "stalled"
+    assert progress_state(0.85, True, pace=PACE_RUNS + 1) == "stalled"
+    assert progress_state(0.85, True, pace=1.5) == "learning"        # a slow learner, still on its way
+    assert progress_state(0.85, True) == "learning"                  # no pace: the level alone
+    assert progress_state(DRIFT_BAND - 0.01, True, pace=math.inf) == "learning"
+    assert progress_state(NEAR_CHANCE, True, pace=0.1) == "stalled"  # within 10 %: never healthy
+    assert progress_state(0.85, False, pace=math.inf) == "learning"  # against its own start: STALLED
