@@ -14,7 +14,8 @@ both suites alike::
     r.losses, r.truth, r.dbg.get_causal_hypotheses()
 
 The training recipe (:mod:`.training`) is AdamW + warm-up + cosine, ``clip_grad_norm_(1.0)``,
-bf16 autocast on odd seeds and 2-micro-batch gradient accumulation on seeds 2, 3 (mod 4).
+bf16 autocast on odd seeds and 2-micro-batch gradient accumulation on seeds 2, 3 (mod 4); a
+precision fault (:mod:`.precision`) fixes its own weights' dtype and autocast on every seed.
 The libraries are imported only when an arch is built: listing needs none of them.
 """
 from __future__ import annotations
@@ -26,10 +27,10 @@ from typing import Any
 
 import torch
 
-from benchmarks.ecosystem import cpu, diffusion, graph, hf, lora, plain
+from benchmarks.ecosystem import cpu, diffusion, graph, hf, lora, plain, precision
 from benchmarks.ecosystem.injections import FAULTS, Fault, Injection, bind, faults_of
-from benchmarks.ecosystem.training import (CLIP_NORM, Build, EcoArch, accumulation_of, adamw, precision_of,
-                                           torch_scheduler, warmup_steps)
+from benchmarks.ecosystem.training import (CLIP_NORM, Build, EcoArch, accumulation_of, adamw, torch_scheduler,
+                                           warmup_steps)
 
 logger = logging.getLogger("neuraldbg.benchmarks.ecosystem")
 
@@ -134,7 +135,9 @@ def run(arch: str, injection: Any = "healthy", seed: int = 0, steps: int | None 
     if n < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     inj = bind(fault, spec, n)
-    bf16, accum = precision_of(seed), accumulation_of(seed)
+    # the recipe's bf16 autocast on odd seeds, unless the fault fixes its own precision
+    amp, accum = precision.autocast_dtype(fault.autocast, seed), accumulation_of(seed)
+    bf16 = amp == torch.bfloat16
 
     losses: list[torch.Tensor] = []
     fired: int | None = None
@@ -143,7 +146,10 @@ def run(arch: str, injection: Any = "healthy", seed: int = 0, steps: int | None 
         task = spec.build(Build(seed=seed, deep=fault.deep, init_range=fault.init_range))
         if fault.gain != 1.0:
             scale_weights(task.model, fault.gain)
-        opt = adamw(task.model, task.lr * fault.lr_factor)
+        if fault.dtype is not None:  # as a user converts: the model first, then its optimizer
+            precision.cast_weights(task, fault.dtype)
+        lr = task.lr * fault.lr_factor if fault.lr is None else fault.lr
+        opt = adamw(task.model, lr) if fault.eps is None else adamw(task.model, lr, eps=fault.eps)
         task.info["steps"] = float(n)  # what a setup that pre-trains (a resume) sizes itself by
         if fault.setup is not None:
             fault.setup(task, inj.layer, opt)
@@ -151,9 +157,12 @@ def run(arch: str, injection: Any = "healthy", seed: int = 0, steps: int | None 
         params = [p for p in task.model.parameters() if p.requires_grad]
         micro = max(1, task.batch_size // accum)  # same examples per optimizer step
         fault_gen = torch.Generator().manual_seed(11_000 + seed)
+        scaler = precision.grad_scaler(amp)
         task.model.train()
         setup_time = time.perf_counter() - t_setup
-        dbg = make_monitor(monitor, task.model, opt, spec.family)
+        # a mixed-precision loop hands its GradScaler to the monitor, as its users are told to
+        dbg = make_monitor(monitor, task.model, opt, spec.family,
+                           defaults=None if scaler is None else {"scaler": scaler})
         # with snapshots (verification), keep each step's batches: the replay trains on them
         cached: list[list] | None = _track(dbg, sched)
         with dbg if dbg is not None else contextlib.nullcontext():
@@ -177,17 +186,16 @@ def run(arch: str, injection: Any = "healthy", seed: int = 0, steps: int | None 
                         if len(cached) <= step:
                             cached.append([])
                         cached[step].append((clean, gen_state))
-                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    with torch.autocast("cpu", dtype=amp or torch.bfloat16, enabled=amp is not None):
                         loss = task.loss(bt)
-                    (loss / accum).backward()
+                    _backward(loss / accum, scaler)
                     micro_losses.append(loss.detach().float())
                 # one loss per optimizer step: the mean of its micro-batches (a 0-d tensor,
                 # no host sync); docs/idioms.md
                 step_loss = micro_losses[0] if accum == 1 else torch.stack(micro_losses).mean()
                 if dbg is not None:
                     dbg.record_loss(step_loss)
-                torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
-                opt.step()
+                _clip_and_step(opt, params, scaler)
                 sched.step()
                 losses.append(step_loss)
                 if step == 0:
@@ -203,7 +211,7 @@ def run(arch: str, injection: Any = "healthy", seed: int = 0, steps: int | None 
         first_step_time=first_step_time,
         metrics={"bf16": float(bf16), "accumulation": float(accum),
                  "trainable_parameters": float(sum(p.numel() for p in params))},
-        replay=None if cached is None else _replay(task, fault, sched, params, cached, bf16, accum),
+        replay=None if cached is None else _replay(task, fault, sched, params, cached, amp, accum, scaler),
         notes=cpu.fallback_notes(task.model, bf16),
     )
 
@@ -219,11 +227,30 @@ def _track(dbg: Any, sched: Any) -> list | None:
     return []
 
 
-def _replay(task: Any, fault: Fault, sched: Any, params: list, cached: list, bf16: bool, accum: int):
+def _backward(loss: torch.Tensor, scaler: Any) -> None:
+    """``loss.backward()``, through the GradScaler's scaling where the loop has one."""
+    (loss if scaler is None else scaler.scale(loss)).backward()
+
+
+def _clip_and_step(opt: torch.optim.Optimizer, params: list, scaler: Any) -> None:
+    """The recipe's clip and optimizer step; with a GradScaler, the gradients are unscaled
+    before the clip (the norm is the true one) and the step is skipped where they overflowed."""
+    if scaler is None:
+        torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
+        opt.step()
+        return
+    scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
+    scaler.step(opt)
+    scaler.update()
+
+
+def _replay(task: Any, fault: Fault, sched: Any, params: list, cached: list, amp: torch.dtype | None,
+            accum: int, scaler: Any = None):
     """``replay(model, optimizer, step) -> loss``: the run's step ``step`` on its own batches,
-    with the recipe's autocast, accumulation, clipping and schedule (docs/verification.md).
-    A batch fault is applied again from its generator state at that step: a token fault
-    corrupts the embedding, which has to be computed by the model as it is now."""
+    with the run's autocast (and GradScaler), accumulation, clipping and schedule
+    (docs/verification.md). A batch fault is applied again from its generator state at that
+    step: a token fault corrupts the embedding, which has to be computed by the model as it is now."""
 
     def replay(model: Any, optimizer: Any, step: int) -> torch.Tensor:
         if not fault.skip_zero_grad:
@@ -231,12 +258,11 @@ def _replay(task: Any, fault: Fault, sched: Any, params: list, cached: list, bf1
         micro = []
         for clean, gen_state in cached[step]:
             bt = clean if gen_state is None else fault.batch(clean, task, torch.Generator().set_state(gen_state))
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            with torch.autocast("cpu", dtype=amp or torch.bfloat16, enabled=amp is not None):
                 loss = task.loss(bt)
-            (loss / accum).backward()
+            _backward(loss / accum, scaler)
             micro.append(loss.detach().float())
-        torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
-        optimizer.step()
+        _clip_and_step(optimizer, params, scaler)
         sched.step()
         return micro[0] if accum == 1 else torch.stack(micro).mean()
 

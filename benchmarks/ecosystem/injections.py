@@ -60,6 +60,24 @@ Where each applies (see ``applies``):
   healthy controls ``schedule_linear_to_zero`` and ``schedule_warm_restarts`` (SGDR). A fault's
   ``scheduler`` replaces the recipe's; the runner records the run's length in
   ``task.info["steps"]`` for setups that pre-train.
+- the precision faults (root ``numerics``, ``benchmarks/ecosystem/precision.py``), on the plain-torch
+  archs, each with its forward precision fixed on every seed (``autocast``), not the recipe's:
+  ``fp16_weights_adam`` (``overflow``, onset 0: ``model.half()`` under the recipe's AdamW with its
+  default eps, which rounds to 0 in fp16) on ``torch_tabular`` and ``torch_encoder``: on both, 86-93 %
+  of the first clipped gradient's elements are under 5.5e-3, whose second moment underflows, so the
+  first update is inf or NaN on every seed; ``adam_eps_zero`` (``overflow``, onset 0: AdamW(eps=0) in
+  fp32, no autocast) on both: each has coordinates whose first gradient is exactly zero on every seed
+  (the MLP's ReLU units dead on a whole batch; a few of the encoder's key biases, whose gradient
+  softmax's shift invariance makes zero, exactly so in fp32), and those turn NaN in the first update
+  (under the recipe's bf16 autocast the key biases get a rounding-level gradient instead on some
+  seeds, and the encoder stays finite); ``bf16_weights_small_lr``
+  (``updates_lost``: ``model.to(torch.bfloat16)`` under AdamW at ``precision.SMALL_LR``) and its twin
+  ``bf16_autocast`` (healthy: fp32 weights, bf16 autocast, the same rate) on ``torch_encoder`` only,
+  whose fp32 run learns clearly at that rate (loss 1.40 -> 0.88 in 120 steps) while in bf16 most of
+  its updates round away (1.40 -> 1.22); not the MLP, which learns in 120 steps only from ~1e-3 on,
+  where its small weights (median |w| 0.06) keep most of their updates in bf16 too (loss 0.63 against
+  0.59 in fp32: a fault without effect); and ``fp16_autocast_scaler`` (healthy twin of the fp16 one:
+  fp32 weights, fp16 autocast with a ``GradScaler``) on both.
 """
 from __future__ import annotations
 
@@ -68,7 +86,7 @@ from typing import Callable
 
 import torch
 
-from benchmarks.ecosystem import schedules
+from benchmarks.ecosystem import precision, schedules
 from benchmarks.ecosystem.training import (Batch, EcoArch, Task, adamw, cosine_lambda, train_unmonitored,
                                            warmup_steps)
 from neuraldbg.faults import (ONSET_FRAC, RESCALE, Injection, corrupt_entries, detach_output,  # noqa: F401
@@ -100,6 +118,14 @@ class Fault:
     scheduler: Callable[[torch.optim.Optimizer, int, int], object] | None = None
     #: the onset step for a run of ``steps`` where it is not ``onset_frac x steps`` (a schedule's collapse)
     onset_of: Callable[[int], int] | None = None
+    #: the run's peak rate itself, where the fault fixes it instead of scaling the recipe's (``lr_factor``)
+    lr: float | None = None
+    #: the AdamW's ``eps`` where the fault sets it (``None``: torch's default, 1e-8)
+    eps: float | None = None
+    #: the weights' dtype (``model.to(dtype)`` before the optimizer is built, float inputs cast to it)
+    dtype: torch.dtype | None = None
+    #: how the forward runs: the recipe's autocast, or one fixed on every seed (``precision.AUTOCAST``)
+    autocast: str = "recipe"
 
 
 # ----------------------------------------------------------------------------------------
@@ -220,6 +246,11 @@ _RESUME_ARCHS = ("torch_encoder",)
 _FINETUNE_ARCHS = ("torch_tabular", "torch_encoder")
 #: pre-training before a fine-tune at its floor, in monitored runs' lengths
 FLOOR_PRETRAIN = 3
+#: archs of the fp16 and eps=0 faults: on both, the first update divides by zero on every seed
+_OVERFLOW_ARCHS = ("torch_tabular", "torch_encoder")
+#: archs of the bf16 faults: where the fp32 run learns clearly at a rate whose updates bf16 rounds
+#: away (the MLP learns in its 120 steps only at rates its small weights keep in bf16)
+_UPDATES_LOST_ARCHS = ("torch_encoder",)
 
 
 def _pretrain_to_floor(task: Task, layer: str | None, opt: torch.optim.Optimizer) -> None:
@@ -324,6 +355,24 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
     Fault("finetune_lr_x100", ("learning_rate", "too_high"),
           "a model first trained to near its floor, then fine-tuned at 100x the recipe's rate",
           applies=lambda a: a.name in _FINETUNE_ARCHS, setup=_pretrain_to_floor, lr_factor=100.0, symptom="worse"),
+    Fault("fp16_weights_adam", ("numerics", "overflow"),
+          "model.half() under AdamW with its default eps=1e-8, which rounds to 0 in fp16: the first update "
+          "divides by a zero second moment",
+          applies=lambda a: a.name in _OVERFLOW_ARCHS, dtype=torch.float16, autocast="off", symptom="nonfinite"),
+    Fault("adam_eps_zero", ("numerics", "overflow"),
+          "AdamW(eps=0) in fp32: coordinates whose first gradient is exactly zero get 0/0 = NaN in the first update",
+          applies=lambda a: a.name in _OVERFLOW_ARCHS, eps=0.0, autocast="off", symptom="nonfinite"),
+    Fault("bf16_weights_small_lr", ("numerics", "updates_lost"),
+          f"model.to(torch.bfloat16) under AdamW at {precision.SMALL_LR:g}: most updates are under the weights' "
+          "bf16 resolution and round away",
+          applies=lambda a: a.name in _UPDATES_LOST_ARCHS, dtype=torch.bfloat16, autocast="off",
+          lr=precision.SMALL_LR, symptom="stuck"),
+    Fault("bf16_autocast", None,
+          f"fp32 weights, the forward under bf16 autocast, AdamW at {precision.SMALL_LR:g} (mixed precision as meant)",
+          applies=lambda a: a.name in _UPDATES_LOST_ARCHS, onset_frac=None, autocast="bf16", lr=precision.SMALL_LR),
+    Fault("fp16_autocast_scaler", None,
+          "fp32 weights, the forward under fp16 autocast, the loss scaled by a torch.amp.GradScaler",
+          applies=lambda a: a.name in _OVERFLOW_ARCHS, onset_frac=None, autocast="fp16"),
 ]}
 
 

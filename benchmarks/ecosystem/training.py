@@ -88,8 +88,9 @@ class EcoArch:
 # the recipe
 
 
-def adamw(model: nn.Module, lr: float) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters, decaying matrices only (biases, norms exempt)."""
+def adamw(model: nn.Module, lr: float, **options: Any) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters, decaying matrices only (biases, norms exempt);
+    ``options`` go to ``torch.optim.AdamW`` as they are (a fault's ``eps``)."""
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
@@ -97,7 +98,7 @@ def adamw(model: nn.Module, lr: float) -> torch.optim.AdamW:
     groups = [{"params": decay, "weight_decay": WEIGHT_DECAY}]
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
-    return torch.optim.AdamW(groups, lr=lr)
+    return torch.optim.AdamW(groups, lr=lr, **options)
 
 
 def cosine_lambda(warmup: int, total: int) -> Callable[[int], float]:

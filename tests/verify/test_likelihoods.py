@@ -34,15 +34,17 @@ def test_shipped_file_is_valid_and_hand_set_table_is_diagonal_dominant():
 def test_likelihood_rule_single_multiple_and_healthy():
     table = L.load()["hand_set"]
     p = L.likelihood(table, "learning_rate/too_high", "vanished")
-    # architecture, data, initialization, learning_rate, training_loop, unexplained (sorted roots)
-    cards = (2, 3, 3, 3, 5, 2)
-    idx = lambda a=0, d=0, i=0, lr=0, tl=0, u=0: int(np.ravel_multi_index((a, d, i, lr, tl, u), cards))  # noqa: E731
+    # architecture, data, initialization, learning_rate, numerics, training_loop, unexplained (sorted roots)
+    cards = (2, 3, 3, 3, 3, 5, 2)
+    idx = lambda a=0, d=0, i=0, lr=0, n=0, tl=0, u=0: int(  # noqa: E731
+        np.ravel_multi_index((a, d, i, lr, n, tl, u), cards))
     row = table["learning_rate/too_high"]
     assert p[idx()] == row[HEALTHY]
     assert p[idx(lr=1)] == row["learning_rate/too_high"]
     assert p[idx(i=2)] == row["initialization/too_large"]
     assert p[idx(lr=1, i=2)] == min(row["learning_rate/too_high"], row["initialization/too_large"])
     assert p[idx(tl=1)] == row["training_loop/stale_gradients"] and p[idx(u=1)] == row["unexplained/not_learning"]
+    assert p[idx(n=1)] == row["numerics/overflow"] and p[idx(n=2)] == row["numerics/updates_lost"]
     q = L.likelihood(table, "learning_rate/too_high", "persisted")
     assert np.allclose(p + q, 1.0)
     with pytest.raises(ValueError, match="valid: persisted, vanished"):

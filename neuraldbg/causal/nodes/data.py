@@ -77,6 +77,13 @@ SIGNATURES = (TOKEN_WATCHED, INPUT_RMS_MAX, INPUT_RMS_FIRST, INPUT_ABS_MAX, INPU
 _INSTABILITY = {(GRADIENT, "exploding"), (OPTIMIZER, "spike"), (OPTIMIZER, "divergence")}
 
 
+def _unstable_before(view: TraceView, step: int) -> list:
+    """Instability events active within ``SUDDEN_WINDOW`` steps before ``step`` (a divergence
+    event raised by the non-finite loss itself is the NaN, not a cause of it)."""
+    return [e for e in view.events if (e.type, e.kind) in _INSTABILITY and e.step < step
+            and e.end_step >= step - SUDDEN_WINDOW and not e.measured.get("nonfinite")]
+
+
 def data_nan(view: TraceView) -> Reading | None:
     """First NaN/Inf by birthplace: at the input; born inside the network (after instability, or
     out of a calm run); or born in the gradients or the optimizer's update while everything
@@ -85,6 +92,12 @@ def data_nan(view: TraceView) -> Reading | None:
     born = first_nonfinite(view)
     if born is not None and born[0] in ("backward", "update"):
         where = "the gradients" if born[0] == "backward" else "the optimizer's update (weights finite before it)"
+        before = _unstable_before(view, born[1])
+        if before:
+            # a blow-up the update or the backward only finished: the same reading as a NaN born
+            # inside after instability (weights grown past 1e19 also read as non-finite there)
+            return Reading("inside_after", tuple(nan), f"first non-finite value born in {where} at step {born[1]}, "
+                                                       f"after {', '.join(sorted({e.kind for e in before}))}")
         return Reading(born[0], tuple(nan), f"first non-finite value born in {where} at step {born[1]}, with the "
                                             "inputs, the layer outputs and the loss finite")
     if not nan:
@@ -95,9 +108,7 @@ def data_nan(view: TraceView) -> Reading | None:
     if not inside:
         state, how = "input", "at the input"
     else:
-        # a divergence event raised by the non-finite loss itself is the NaN, not a cause of it
-        before = [e for e in view.events if (e.type, e.kind) in _INSTABILITY and e.step < first.step
-                  and e.end_step >= first.step - SUDDEN_WINDOW and not e.measured.get("nonfinite")]
+        before = _unstable_before(view, first.step)
         state = "inside_after" if before else "inside_sudden"
         how = ("born inside the network after " + ", ".join(sorted({e.kind for e in before}))) if before \
             else "born inside the network out of a calm run"
