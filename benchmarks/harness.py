@@ -75,6 +75,7 @@ def _find_injection(zoo: Any, arch: str, name: str) -> Any:
 def _empty_record(spec: RunSpec) -> dict[str, Any]:
     rec = empty_record(spec.key, spec.suite, spec.arch, spec.injection, spec.seed, spec.steps)
     rec["code"] = code_version()  # which code made it: a resume runs other code's records again
+    rec["every"] = spec.every  # the cadence asked for: a resume at another one runs it again
     return rec
 
 
@@ -155,6 +156,17 @@ def failed_record(out: str | os.PathLike, spec: RunSpec, exc: BaseException) -> 
     return rec
 
 
+def monitor_arguments(spec: RunSpec) -> dict[str, Any] | bool:
+    """The ``NeuralDbg`` arguments of ``spec``'s monitored run: snapshots with ``--verify``, the
+    check interval with ``--every`` (``True``: the monitor's defaults)."""
+    kwargs: dict[str, Any] = {}
+    if spec.verify_steps:
+        kwargs["snapshots"] = True
+    if spec.every != "auto":
+        kwargs["every"] = int(spec.every)
+    return kwargs or True
+
+
 def _run_pair(spec: RunSpec, out: Path, zoo: Any) -> dict[str, Any]:
     """The body of :func:`run_one`: the record, with the session exported under ``out``."""
     t_start = time.perf_counter()
@@ -176,7 +188,7 @@ def _run_pair(spec: RunSpec, out: Path, zoo: Any) -> dict[str, Any]:
                                                 monitor=None).wall_time)
         _fresh_compile_state()
         # --verify: the monitored run keeps snapshots (its ``seconds`` then include them)
-        monitor = {"snapshots": True} if spec.verify_steps else True
+        monitor = monitor_arguments(spec)
         res = zoo.run(spec.arch, spec.injection, spec.seed, steps=spec.steps, monitor=monitor)
         if spec.time_bare and not bare_first:
             _fresh_compile_state()
@@ -226,7 +238,7 @@ def _done_keys(out: Path, specs: Sequence[RunSpec], retry_errors: bool, keep_sta
             rec = read_record(path)
         except (OSError, ValueError):
             continue  # a torn file from a killed run: redo it
-        if rec.get("steps_requested") != spec.steps:
+        if rec.get("steps_requested") != spec.steps or str(rec.get("every") or "auto") != spec.every:
             continue
         if retry_errors and rec.get("error"):
             continue
@@ -336,6 +348,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="replayed steps per hypothesis with --verify (default %(default)s)")
     p.add_argument("--verify-top", type=int, default=3, metavar="K",
                    help="hypotheses tested per run with --verify (default %(default)s)")
+    p.add_argument("--every", default="auto", type=check_every_arg, metavar="N",
+                   help="the monitor's check interval: auto (its default: a cadence that holds its overhead "
+                        "budget) or a positive integer (1: every step)")
     p.add_argument("--out", default="bench-out/run", metavar="DIR", help="output folder (default: %(default)s)")
     p.add_argument("--no-retry-errors", action="store_true", help="on resume, keep errored records")
     p.add_argument("--keep-stale", action="store_true",
@@ -362,6 +377,13 @@ def _plan_from_args(args: argparse.Namespace) -> list[RunSpec]:
                 steps=args.steps, bare_seeds=bare_seeds, bare_injected=args.bare_injected, suite=name)
 
 
+def check_every_arg(value: str) -> str:
+    """``--every``: ``"auto"`` or a positive integer, as text (``argparse`` names the option on error)."""
+    if value == "auto" or (value.isdigit() and int(value) >= 1):
+        return value if value == "auto" else str(int(value))
+    raise argparse.ArgumentTypeError(f"expected auto or a positive integer, got {value!r}")
+
+
 def _with_verify(specs: list[RunSpec], args: argparse.Namespace) -> list[RunSpec]:
     """``--verify``: every run also verifies its hypotheses (``ValueError`` for bad budgets)."""
     if not getattr(args, "verify", False):
@@ -376,7 +398,7 @@ def main(args: argparse.Namespace) -> int:
     """Run the suite described by parsed ``args``; the exit code is 1 when every run failed."""
     # a bad --executor/--address/--workers, or Ray missing, stops here, before anything is written
     executor = make_executor(getattr(args, "executor", DEFAULT_EXECUTOR), args.workers, getattr(args, "address", None))
-    specs = _with_verify(_plan_from_args(args), args)
+    specs = [dataclasses.replace(s, every=getattr(args, "every", "auto")) for s in _with_verify(_plan_from_args(args), args)]
     t0 = time.perf_counter()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     _note_command(Path(args.out), len(specs), executor)

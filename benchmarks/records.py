@@ -38,13 +38,14 @@ API_COLUMNS: tuple[str, ...] = (
 #: on a CPU without bf16 LSTM kernels), empty when everything ran as written; ``pred_evidence``
 #: names the observations that favour the top hypothesis (likelihood ratio against a healthy run
 #: at least ``neuraldbg.causal.hypotheses.SUPPORT_LR``, strongest first), empty when it rests on
-#: none of its own.
+#: none of its own; ``every`` is the monitor's check interval the run asked for (``auto``, its
+#: default, or an interval: ``run --every``).
 EXTRA_COLUMNS: tuple[str, ...] = (
     "key", "n_hypotheses", "hypotheses", "posterior", "n_events", *(f"events_{k}" for k in ALL_EVENT_KINDS),
     "first_event_kind", "first_event_layer", "first_event_step", "loss_first", "loss_last",
     "loss_nonfinite", "baseline_first_event", "baseline_threshold_rules", "rules_fired",
     "timing_order", "steps_requested", "session", "harness_seconds", "error", "suite", "code", "note",
-    "pred_evidence",
+    "pred_evidence", "every",
 )
 RECORD_COLUMNS: tuple[str, ...] = API_COLUMNS + EXTRA_COLUMNS
 #: Columns of ``run --verify`` (docs/verification.md): the top hypothesis and posterior after
@@ -60,7 +61,7 @@ TEXT_COLUMNS: tuple[str, ...] = (
     "arch", "family", "injection", "true_cause", "true_state", "pred_cause", "pred_state", "origin_layer",
     "true_layer", "key", "hypotheses", "posterior", "first_event_kind", "first_event_layer",
     "baseline_first_event", "baseline_threshold_rules", "rules_fired", "timing_order", "session", "error",
-    "traceback", "suite", "code", "note", "pred_evidence", "verified_pred_cause", "verified_pred_state", "verify_tests",
+    "traceback", "suite", "code", "note", "pred_evidence", "every", "verified_pred_cause", "verified_pred_state", "verify_tests",
     "verify_joint_before", "verify_error",
 )
 #: Columns holding whole numbers (possibly missing).

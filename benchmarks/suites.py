@@ -52,6 +52,9 @@ class RunSpec:
     #: ``run --verify``: replayed steps per hypothesis and hypotheses tested (0: no verification)
     verify_steps: int = 0
     verify_top: int = 0
+    #: the monitor's check interval (``every=``): ``"auto"``, the monitor's default, or a
+    #: positive interval as text (``"1"``: every step)
+    every: str = "auto"
 
     @property
     def key(self) -> str:

@@ -138,3 +138,22 @@ def test_layer_names_that_look_numeric_stay_text(tmp_path):
         assert df["origin_layer"].iloc[0] == "0" and pd.isna(df["origin_layer"].iloc[1]), source
         assert df["onset_step"].iloc[0] == 3 and pd.isna(df["onset_step"].iloc[1]), source
         (tmp_path / "records.parquet").unlink(missing_ok=True)
+
+
+def test_every_sets_the_monitors_cadence_and_a_resume_at_another_one_runs_again(tmp_path, fake_zoo):
+    import argparse
+    import dataclasses
+
+    assert H.monitor_arguments(H.RunSpec("toy_a", "healthy", 0)) is True          # the monitor's defaults
+    assert H.monitor_arguments(H.RunSpec("toy_a", "healthy", 0, every="1")) == {"every": 1}
+    assert H.monitor_arguments(H.RunSpec("toy_a", "healthy", 0, verify_steps=5, every="10")) == \
+        {"snapshots": True, "every": 10}
+    assert H.check_every_arg("auto") == "auto" and H.check_every_arg("01") == "1"
+    for bad in ("0", "-3", "fast", "1.5"):
+        with pytest.raises(argparse.ArgumentTypeError, match="auto or a positive integer"):
+            H.check_every_arg(bad)
+    spec = H.RunSpec("toy_a", "data_nan", 1, time_bare=False)
+    rec = H.run_one(spec, tmp_path)
+    assert rec["every"] == "auto"
+    assert H._done_keys(tmp_path, [spec], retry_errors=True) == {spec.key}
+    assert H._done_keys(tmp_path, [dataclasses.replace(spec, every="1")], retry_errors=True) == set()
