@@ -398,7 +398,8 @@ def main(args: argparse.Namespace) -> int:
     """Run the suite described by parsed ``args``; the exit code is 1 when every run failed."""
     # a bad --executor/--address/--workers, or Ray missing, stops here, before anything is written
     executor = make_executor(getattr(args, "executor", DEFAULT_EXECUTOR), args.workers, getattr(args, "address", None))
-    specs = [dataclasses.replace(s, every=getattr(args, "every", "auto")) for s in _with_verify(_plan_from_args(args), args)]
+    every = getattr(args, "every", "auto")
+    specs = [dataclasses.replace(s, every=every) for s in _with_verify(_plan_from_args(args), args)]
     t0 = time.perf_counter()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     _note_command(Path(args.out), len(specs), executor)

@@ -1,7 +1,7 @@
 """Step-time overhead of the monitor: alternating blocks of steps, side by side in one process.
 
     python -m benchmarks.overhead [--model mlp transformer deep100 deep500 bert] [--optimizer sgd adam]
-                                  [--every 1 10] [--pairs 15] [--block 20] [--device cpu|cuda] [--threads 1]
+                                  [--every 1 10 auto] [--pairs 15] [--block 20] [--device cpu|cuda] [--threads 1]
                                   [--arm monitor anomaly nullhooks onepass cockpit] [--give-optimizer]
                                   [--clock wall|thread]
     python -m benchmarks.overhead --scaling [--layers 500 1000 2000]
@@ -12,7 +12,11 @@ under ``NeuralDbg``. After a warm-up both train in alternating blocks of ``--blo
 (the order flips every pair, so drift and contention from other processes hit both arms) and
 the ratio of the two blocks' times is one paired sample; the table gives the median and the
 interquartile range of ``--pairs`` samples. ``--give-optimizer`` hands the optimizer to the
-monitor (its step-size probe copies the weights on the first 16 checked steps).
+monitor (its step-size probe copies the weights on the first 16 checked steps). ``--every auto``
+measures the default cadence (``every="auto"``: every step of the first 32, then an interval the
+monitor chooses to hold its 3 % budget); its row also says which intervals the monitor chose
+over the pairs' steps. Its warm-up counts: the dense start and the first estimates fall there
+when ``--warmup`` is long enough (64 steps or more), else in the first timed blocks.
 
 ``--arm`` picks what the second copy trains under: ``monitor`` (``NeuralDbg``), or a reference:
 ``anomaly`` (``torch.autograd.set_detect_anomaly(True)`` during its blocks), ``nullhooks``
@@ -46,6 +50,8 @@ from torch.nn import functional as F
 from benchmarks.overhead_models import (MODELS, cockpit_for, make_deep, make_parallel, null_hooks, one_pass_gradients,
                                         one_pass_hooks)
 from neuraldbg import NeuralDbg
+from neuraldbg.monitor.cadence import AUTO
+from neuraldbg.report.cadence import describe
 
 #: the anchors the README compares against (published figures, not measured here)
 ANCHORS = ("Cockpit's economy configuration: 1.51x at every step, 1.04x at every 16th step; "
@@ -61,7 +67,7 @@ OPTIMIZERS = {"sgd": lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9),
 class Arm:
     """One training run (bare, monitored or a reference) that can be advanced block by block."""
 
-    def __init__(self, build: Callable, optimizer: str, device: str, every: int | None,
+    def __init__(self, build: Callable, optimizer: str, device: str, every: int | str | None,
                  give_optimizer: bool = False, kind: str = "monitor") -> None:
         self.model, self.loss_fn = build(0, device)
         self.opt = OPTIMIZERS[optimizer](self.model.parameters())
@@ -135,7 +141,7 @@ class Arm:
             h.remove()
 
 
-def paired(build: Callable, optimizer: str, every: int, *, device: str, pairs: int, block: int,
+def paired(build: Callable, optimizer: str, every: int | str, *, device: str, pairs: int, block: int,
            warmup: int, give_optimizer: bool = False, clock: Callable[[], float] = time.perf_counter,
            kind: str = "monitor") -> dict:
     """Alternating blocks of a bare and a monitored (or reference, ``kind``) run: per-pair
@@ -158,7 +164,27 @@ def paired(build: Callable, optimizer: str, every: int, *, device: str, pairs: i
         mon.close()
     q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     return {"ratio": statistics.median(ratios), "q25": q[0], "q75": q[2], "bare_ms": statistics.median(tb) * 1e3,
-            "mon_ms": statistics.median(tm) * 1e3, "enter_s": mon.enter_s, "ratios": ratios}
+            "mon_ms": statistics.median(tm) * 1e3, "enter_s": mon.enter_s, "ratios": ratios,
+            "cadence": describe(mon.dbg.cadence) if mon.dbg is not None else ""}
+
+
+def every_arg(text: str) -> int | str:
+    """An ``--every`` value: an int >= 1 or ``auto``."""
+    if text == AUTO:
+        return AUTO
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1 or 'auto', got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1 or 'auto', got {text!r}")
+    return n
+
+
+def every_columns(values: list[int | str]) -> list[int | str]:
+    """The ``--every`` values as table columns: the ints in order, then ``auto``."""
+    ints = sorted({v for v in values if v != AUTO})
+    return ints + ([AUTO] if AUTO in values else [])
 
 
 def scaling(layer_counts: list[int], *, device: str, pairs: int, block: int, warmup: int,
@@ -241,7 +267,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--optimizer", nargs="+", default=list(OPTIMIZERS), choices=list(OPTIMIZERS))
-    ap.add_argument("--every", nargs="+", type=int, default=[1, 10])
+    ap.add_argument("--every", nargs="+", type=every_arg, default=[1, 10],
+                    help="check intervals of the monitor (and Cockpit): ints >= 1, or auto (the default cadence)")
     ap.add_argument("--pairs", type=int, default=15)
     ap.add_argument("--block", type=int, default=20, help="steps per timed block")
     ap.add_argument("--warmup", type=int, default=20, help="untimed steps per arm first")
@@ -261,8 +288,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     a = ap.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: torch sees no CUDA device here")
-    if min(a.every) < 1 or a.pairs < 1 or a.block < 1:
-        ap.error("--every, --pairs and --block must be >= 1")
+    if a.pairs < 1 or a.block < 1:
+        ap.error("--pairs and --block must be >= 1")
+    if AUTO in a.every and "cockpit" in a.arm:
+        ap.error("--every auto is the monitor's cadence; Cockpit tracks fixed intervals: give it ints")
     if a.clock == "thread" and (a.device != "cpu" or a.threads != 1):
         ap.error("--clock thread measures one CPU thread: use it with --device cpu --threads 1")
     clock = time.thread_time if a.clock == "thread" else time.perf_counter
@@ -287,7 +316,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     label = f"every={every}" if arm in SCHEDULED else arm
                     print(f"  {model} {opt} {label}: {r['ratio']:.3f}x [IQR {r['q25']:.3f}-{r['q75']:.3f}] "
                           f"bare {r['bare_ms']:.2f} ms/step, other arm {r['mon_ms']:.2f} ms/step", flush=True)
-    cols = sorted(set(a.every))
+                    if every == AUTO and r["cadence"]:
+                        print(f"    {r['cadence']}", flush=True)
+    cols = every_columns(a.every)
     print("\n| model | optimizer | arm | bare ms/step | " + " | ".join(f"every={e}" for e in cols) + " |")
     print("| --- | --- | --- | --- | " + " | ".join("---" for _ in cols) + " |")
     for model in a.model:

@@ -61,8 +61,8 @@ TEXT_COLUMNS: tuple[str, ...] = (
     "arch", "family", "injection", "true_cause", "true_state", "pred_cause", "pred_state", "origin_layer",
     "true_layer", "key", "hypotheses", "posterior", "first_event_kind", "first_event_layer",
     "baseline_first_event", "baseline_threshold_rules", "rules_fired", "timing_order", "session", "error",
-    "traceback", "suite", "code", "note", "pred_evidence", "every", "verified_pred_cause", "verified_pred_state", "verify_tests",
-    "verify_joint_before", "verify_error",
+    "traceback", "suite", "code", "note", "pred_evidence", "every", "verified_pred_cause", "verified_pred_state",
+    "verify_tests", "verify_joint_before", "verify_error",
 )
 #: Columns holding whole numbers (possibly missing).
 INT_COLUMNS: tuple[str, ...] = (

@@ -149,7 +149,9 @@ def merge_traces(traces: list[Trace], tolerance: int = 2) -> Trace:
     return Trace(events=tuple(events), layers=lead.layers, family=lead.family,
                  first_step=min(t.first_step for t in traces), last_step=max(t.last_step for t in traces),
                  loss=loss, rank=None, world_size=world_size, signatures=sigs,
-                 internal_errors=sum(t.internal_errors for t in traces))
+                 internal_errors=sum(t.internal_errors for t in traces),
+                 # each rank chose its own (every="auto" times its own steps): the lowest rank's stands
+                 cadence=lead.cadence)
 
 
 def merge_sessions(sessions: Iterable[Any], tolerance: int = 2):
@@ -288,4 +290,16 @@ def concat_traces(earlier: Trace, later: Trace) -> Trace:
                  loss=_concat_loss(earlier.loss, later.loss), rank=later.rank,
                  world_size=later.world_size if later.world_size is not None else earlier.world_size,
                  signatures=concat_signatures(earlier.signatures, later.signatures),
-                 internal_errors=earlier.internal_errors + later.internal_errors)
+                 internal_errors=earlier.internal_errors + later.internal_errors,
+                 cadence=concat_cadences(earlier.cadence, later.cadence))
+
+
+def concat_cadences(earlier: Any, later: Any) -> Any:
+    """The cadence of a run from those of two consecutive parts (:func:`concat_traces`): the
+    earlier part's changes and anomalies, then the later part's; the setting and budget are the
+    later part's. Either may be ``None`` (a part whose trace does not say)."""
+    if earlier is None or later is None:
+        return later if earlier is None else earlier
+    return dataclasses.replace(later, changes=earlier.changes + later.changes, alarms=earlier.alarms + later.alarms,
+                               changes_omitted=earlier.changes_omitted + later.changes_omitted,
+                               alarms_omitted=earlier.alarms_omitted + later.alarms_omitted)

@@ -75,6 +75,11 @@ class AddonContext(Protocol):
     def checked(self) -> bool:
         """Whether the current step is a checked (measured) one."""
 
+    def checked_since(self, step: int) -> bool:
+        """Whether every step from ``step`` to the current one was checked (always at
+        ``every=1``, never across steps at a fixed ``every > 1``; under ``every="auto"``, within
+        a dense window)."""
+
     @property
     def sync_every(self) -> int:
         """Checked steps batched per host transfer (parts that queue device values follow it)."""

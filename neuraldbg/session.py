@@ -20,14 +20,15 @@ from neuraldbg.events.compress import compress
 from neuraldbg.jsonio import encode_nonfinite, write_json_atomic
 from neuraldbg.queries import CausalQueries
 from neuraldbg.schema import SESSION_SCHEMA, SessionFormatError, check_session, read_json
-from neuraldbg.trace import LayerInfo, LossSummary, Signatures, Trace
+from neuraldbg.trace import CadenceRecord, LayerInfo, LossSummary, Signatures, Trace
 
 log = logging.getLogger("neuraldbg")
 
 SCHEMA = SESSION_SCHEMA
 #: Version written; versions 1 (priors named by path), 2 (signatures as ``meta``), 3 (no gaps
-#: or internal errors) and 4 (shipped priors embedded too) are still read, see load_session.
-SCHEMA_VERSION = 5
+#: or internal errors), 4 (shipped priors embedded too) and 5 (no cadence) are still read, see
+#: load_session.
+SCHEMA_VERSION = 6
 _EMBEDDED = " (embedded)"
 #: fingerprint -> (embedded content as read, validated Priors): sessions of one run share them
 _embedded_cache: dict[str, tuple[Any, Any]] = {}
@@ -102,9 +103,27 @@ def trace_to_dict(trace: Trace, *, config: dict | None = None, priors: Any = Non
         "gaps": trace.signatures.gaps(),
         "internal_errors": trace.internal_errors,
     })
+    if trace.cadence is not None:
+        doc["cadence"] = cadence_to_dict(trace.cadence)
     if embed_priors:
         doc["priors"] = priors_field(priors, trace.family)
     return doc
+
+
+def cadence_to_dict(cad: CadenceRecord) -> dict:
+    """The ``cadence`` field of a session (version 6): which steps the monitor checked."""
+    return {"every": cad.every, "budget": cad.budget, "changes": [list(c) for c in cad.changes],
+            "alarms": [list(a) for a in cad.alarms], "changes_omitted": cad.changes_omitted,
+            "alarms_omitted": cad.alarms_omitted}
+
+
+def cadence_from_dict(d: dict | None) -> CadenceRecord | None:
+    """Inverse of :func:`cadence_to_dict` on a checked document's ``cadence`` (None stays None)."""
+    if d is None:
+        return None
+    return CadenceRecord(every=d["every"], budget=d["budget"], changes=tuple(tuple(c) for c in d["changes"]),
+                         alarms=tuple(tuple(a) for a in d["alarms"]), changes_omitted=d["changes_omitted"],
+                         alarms_omitted=d["alarms_omitted"])
 
 
 def signatures_to_dict(sigs: Signatures) -> dict[str, dict]:
@@ -134,7 +153,7 @@ def trace_from_dict(doc: Any, source: str = "<dict>") -> tuple[Trace, dict]:
                   rank=d["rank"], world_size=d["world_size"],
                   signatures=Signatures({k: v for k, (v, _) in sigs.items()}, {k: s for k, (_, s) in sigs.items()},
                                         d["gaps"]),
-                  internal_errors=d["internal_errors"])
+                  internal_errors=d["internal_errors"], cadence=cadence_from_dict(d["cadence"]))
     return trace, d
 
 

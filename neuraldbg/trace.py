@@ -243,6 +243,45 @@ class LossSummary:
     history: tuple[tuple[int, float], ...] = ()  # (step, loss), downsampled
 
 
+#: ``CadenceRecord.every`` of a cadence the monitor chose itself (``every="auto"``)
+CADENCE_AUTO = "auto"
+#: the interval an ``"auto"`` cadence checks at between its dense start and its first estimate
+CADENCE_PROBE = 2
+
+
+@dataclass(frozen=True)
+class CadenceRecord:
+    """Which steps the monitor checked (``neuraldbg/monitor/cadence.py``).
+
+    ``every`` is the setting (an int, or ``"auto"``); ``budget`` the overhead budget of
+    ``"auto"`` (``None`` for a fixed interval); ``changes`` the interval in force from each step
+    on, ``(from_step, interval)`` in step order, the first at the run's first step (interval 1
+    for a dense window); ``alarms`` the anomalies that made an ``"auto"`` cadence dense again,
+    ``(anomaly's step, first dense step, why)``. The first and the latest changes are kept, the
+    first alarms; ``changes_omitted`` and ``alarms_omitted`` count those left out.
+    """
+
+    every: int | str
+    budget: float | None = None
+    changes: tuple[tuple[int, int], ...] = ()
+    alarms: tuple[tuple[int, int, str], ...] = ()
+    changes_omitted: int = 0
+    alarms_omitted: int = 0
+
+    def interval_at(self, step: int) -> int:
+        """The interval in force at ``step`` (the first one before the first change)."""
+        interval = self.changes[0][1] if self.changes else 1
+        for at, n in self.changes:
+            if at > step:
+                break
+            interval = n
+        return interval
+
+    def max_interval(self, first: int, last: int) -> int:
+        """The largest interval in force over steps ``first..last``."""
+        return max([self.interval_at(first)] + [n for at, n in self.changes if first < at <= last])
+
+
 @dataclass(frozen=True)
 class Trace:
     """Events plus the context needed to interpret them.
@@ -265,6 +304,8 @@ class Trace:
     #: failures of the monitor's own code during the run (each was logged; the parts that failed
     #: read "a monitor error" in the signatures' gaps)
     internal_errors: int = 0
+    #: which steps were checked (``None``: the trace does not say, e.g. a session before version 6)
+    cadence: CadenceRecord | None = None
 
     @property
     def n_steps(self) -> int:

@@ -78,7 +78,7 @@ def test_explain_json(tmp_path, capsys):
     assert doc["healthy"] is False and doc["p_healthy"] < 0.5
     assert doc["evidence"]["data_shift"] == "input"
     assert set(doc["posterior"]) == {"learning_rate", "initialization", "data", "architecture", "training_loop",
-                                     "unexplained"}
+                                     "numerics", "unexplained"}
     assert doc["chains"][0]["first_layer"] == "fc1"
 
 

@@ -38,7 +38,7 @@ def test_export_then_load_gives_equal_events(tmp_path_factory, events):
 def test_file_is_strict_json_and_versioned(tmp_path):
     p = export_trace(trace_of([]), tmp_path / "a.json")
     doc = json.loads(open(p).read())  # strict JSON: NaN is encoded as a string
-    assert doc["schema"] == "neuraldbg.session" and doc["version"] == 5
+    assert doc["schema"] == "neuraldbg.session" and doc["version"] == 6
     assert not list(tmp_path.glob(".*tmp"))  # no temp file left behind
 
 
@@ -131,7 +131,7 @@ def test_a_default_session_refers_to_the_shipped_priors_and_answers_the_same_off
     p = dbg.export_aquarium_package(tmp_path / "run.json")
     doc = json.loads(open(p).read())
     shipped = load_priors("mlp")
-    assert doc["version"] == 5 and doc["priors"] == {"shipped": "mlp", "fingerprint": shipped.fingerprint}
+    assert doc["version"] == 6 and doc["priors"] == {"shipped": "mlp", "fingerprint": shipped.fingerprint}
     s = load_session(p)
     _same_posterior(s.posterior(), dbg.posterior())
     # it names the priors it used: the shipped file and its fingerprint

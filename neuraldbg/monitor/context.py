@@ -75,6 +75,10 @@ class PartContext:
         """Whether the current step is measured."""
         return self._dbg._hooks.buf.active
 
+    def checked_since(self, step: int) -> bool:
+        """Whether every step from ``step`` to the current one was checked."""
+        return self._dbg._cadence.checked_since(step, self._dbg.step)
+
     @property
     def sync_every(self) -> int:
         """Checked steps batched per host transfer."""

@@ -10,11 +10,13 @@ and then for modules added or swapped mid-run.
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 
 from neuraldbg.events.base import ACTIVATION, Event
 from neuraldbg.events.compress import EventLog
 from neuraldbg.events.registry import DetectorContext, build_detectors
 from neuraldbg.events.stepstats import StepStats
+from neuraldbg.monitor.cadence import ALARM_EVENTS
 from neuraldbg.monitor.history import LossHistory
 
 #: checked steps between two walks of the model for added or swapped modules
@@ -31,12 +33,17 @@ class EventFeed:
         self._grad_steps = 0    # of which with parameter gradients
         self._detectors = None  # built at the first step read (the forward order is known then)
         self._loss_readers: list = []
-        gap = self.config.collapse_gap_checks * self.every
+        # hits of one condition within `collapse_gap_checks` checks of each other are one episode:
+        # that many intervals (every="auto" starts dense, at 1, and follows its checks: below)
+        k = self.config.collapse_gap_checks
+        gap = k * self._cadence.entry_interval
         # a rotated model reads each layer's outputs once every `shares` checks: the activation
         # regime of a layer repeats that far apart and is still one episode
         shares = self._hooks.shares
         self._log = EventLog(gap=gap, layer_index=self._layer_index,
                              gaps={ACTIVATION: gap * shares} if shares > 1 else None)
+        #: every="auto": the steps of the last checks read, whose spacing is the log's gap
+        self._check_steps: deque[int] | None = deque(maxlen=k * shares + 1) if self._auto else None
         self._loss = LossHistory()
         self._first_step: int | None = None
         self._last_step = 0
@@ -56,6 +63,10 @@ class EventFeed:
         self._last_step = max(self._last_step, st.step)
         if st.loss is not None:
             self._loss.add(st.step, st.loss)
+            if self._auto:  # on the host now: the cadence looks for a non-finite or spiking loss
+                self._cadence.watch_loss(st.step, st.loss, self._step)
+        if self._check_steps is not None and st.names:
+            self._follow_checks(st.step)
         if self._lr_at:
             # without dbg.step, record_loss has already advanced the step when the optimizer
             # of this one runs: its rate is then filed under the next step
@@ -76,7 +87,30 @@ class EventFeed:
             self._parts.call("checked_step", st)
 
     def _add_event(self, ev: Event) -> None:
-        self._log.add(ev if self.rank is None else dataclasses.replace(ev, rank=self.rank))
+        if self.rank is not None:
+            ev = dataclasses.replace(ev, rank=self.rank)
+        if not self._auto:
+            self._log.add(ev)
+            return
+        n = len(self._log)
+        self._log.add(ev)
+        if len(self._log) > n and (ev.type, ev.kind) in ALARM_EVENTS:
+            # the onset of an acute episode (a hit merged into an open one is not): check densely
+            self._cadence.alarm(ev.step, self._step, f"{ev.type} event ({ev.kind})")
+
+    def _follow_checks(self, step: int) -> None:
+        """The event log's gaps under every="auto": hits within ``collapse_gap_checks`` checks
+        (times the shares for a rotated layer's activations) of each other are one episode, as
+        they are at a fixed interval, with the checks' steps read off the run."""
+        steps = self._check_steps
+        if steps and steps[-1] == step:
+            return  # a second buffer of the same step (hooks that fired after its close)
+        steps.append(step)
+        k = self.config.collapse_gap_checks
+        if len(steps) > k:
+            self._log.gap = step - steps[-k - 1]
+        if self._log.gaps and len(steps) == steps.maxlen:
+            self._log.gaps[ACTIVATION] = step - steps[0]
 
     def _check_modules(self) -> None:
         """Follow modules added or swapped in mid-run; detectors forget the replaced layers,

@@ -53,11 +53,13 @@ class ModuleHooks(GradientHooks):
     of ``docs/api.md``): a layer whose statistics fail is missing from the diagnosis, and says so.
     """
 
-    def __init__(self, root: nn.Module, *, every: int, config: DetectorConfig, scaler: Any,
+    def __init__(self, root: nn.Module, *, schedule: Any, config: DetectorConfig, scaler: Any,
                  report: Callable[..., None], backward_started: Callable[[Any], None] | None = None,
                  fail: Callable[[tuple, str], None] | None = None) -> None:
         self.root = root
-        self.every = every
+        #: which steps are checked (``neuraldbg/monitor/cadence.py``): the owner decides at each
+        #: step's start; the rotation of the output shares counts its checks
+        self.schedule = schedule
         self.margin = config.saturation_margin
         self.softmax_margin = config.softmax_saturation_margin
         self.scaler = scaler
@@ -152,11 +154,10 @@ class ModuleHooks(GradientHooks):
         self.entries = HookSwitch()
         self.held.clear()
 
-    def start_step(self, step: int) -> None:
-        """Start recording ``step`` (measured only when it is a multiple of ``every``); the
+    def start_step(self, step: int, active: bool) -> None:
+        """Start recording ``step``, measured when ``active`` (the schedule's decision); the
         module and parameter hooks are only in the model during checked steps (of a model
         with rotating shares, the output hooks of this check's share)."""
-        active = step % self.every == 0
         self.flush()
         self.buf = StepBuffer(step, active, self.tables)
         if self.handles:
@@ -178,11 +179,11 @@ class ModuleHooks(GradientHooks):
     def share_of(self, step: int) -> Any:
         """The output-hook share a checked ``step`` measures: every module while there is one
         share, and until a forward was measured (the first check records the forward order
-        of every layer); then share ``(step // every) % shares``, so that consecutive checks
-        cover every module within ``shares`` checks."""
+        of every layer); then share ``(check index) % shares`` (``step // every`` at a fixed
+        interval), so that consecutive checks cover every module within ``shares`` checks."""
         if self.shares <= 1 or not self.order:
             return EVERY_GROUP
-        return (step // self.every) % self.shares
+        return self.schedule.check_index(step) % self.shares
 
     def take(self) -> StepBuffer | None:
         """The current step's buffer if anything was recorded (None otherwise).

@@ -14,6 +14,7 @@ causal queries are read from here: their code is the two halves it inherits,
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Iterable
 
 import torch
@@ -21,6 +22,7 @@ from torch import nn
 
 from neuraldbg.causal.priors import as_priors
 from neuraldbg.config import DetectorConfig
+from neuraldbg.monitor.cadence import AUTO, DEFAULT_OVERHEAD, AutoSchedule, check_overhead, schedule_for
 from neuraldbg.monitor.context import PartContext, Parts
 from neuraldbg.monitor.family import detect_family
 from neuraldbg.monitor.feed import EventFeed
@@ -38,10 +40,12 @@ from neuraldbg.monitor.settings import (DEFAULT_REFERENCE_EVERY, Settings, check
                                         check_detectors, check_every, check_merge_timeout, check_resume,
                                         check_scaler, check_sync_every)
 from neuraldbg.monitor.transfer import HostTransfer
-from neuraldbg.trace import Trace
+from neuraldbg.trace import CadenceRecord, Trace
 from neuraldbg.vocab import validate_family
 
 log = logging.getLogger("neuraldbg")
+
+_NEG_INF = -math.inf
 
 
 class NeuralDbg(MonitorResults, EventFeed):
@@ -57,7 +61,15 @@ class NeuralDbg(MonitorResults, EventFeed):
             one's steps measure the update-to-weight ratio (the learning rate's signature; the
             weight matrices are copied on the first 16 checked steps only), and its learning
             rates go into the export.
-        every: check every Nth step (1 = every step).
+        every: which steps are checked (measured; the loss is recorded on every step).
+            ``"auto"`` (default): every step of the first 32, then an interval the monitor
+            chooses on the run itself so that the checks add at most ``overhead`` to the mean
+            step time, re-estimated as the run goes, and every step again for a while after an
+            anomaly (a non-finite or spiking loss, an acute event); ``dbg.cadence`` records
+            what it chose (``neuraldbg/monitor/cadence.py``). An int ``N``: every Nth step,
+            fixed (``every=1``, every step, is the debugging form).
+        overhead: the budget ``every="auto"`` holds, a share of the mean step time in (0, 1)
+            (default 0.03: 3 %). Accepted with an int ``every`` too, where it is not used.
         config: detector thresholds (:class:`DetectorConfig` or a dict of its fields).
         detectors: names of registered detectors to run (all by default).
         priors: path of a tuned prior file, or a ``Priors`` (default: the family's shipped
@@ -94,13 +106,13 @@ class NeuralDbg(MonitorResults, EventFeed):
     ``dbg.settings`` holds all of them, validated, as one frozen record.
     """
 
-    def __init__(self, model: nn.Module, family: str | None = None, optimizer: Any = None, every: int = 1, *,
+    def __init__(self, model: nn.Module, family: str | None = None, optimizer: Any = None, every: int | str = AUTO, *,
                  config: DetectorConfig | dict | None = None, detectors: Iterable[str] | None = None,
                  priors: Any = None, sync_every: int | None = None, scaler: Any = None,
                  snapshots: bool | int | None = None, autosave: Any = None, autosave_interval: float = 30.0,
                  reference: Any = None, reference_every: int = DEFAULT_REFERENCE_EVERY,
                  at_init: bool | str | None = None, merge_timeout: float = DEFAULT_MERGE_TIMEOUT,
-                 resume: Any = None) -> None:
+                 resume: Any = None, overhead: float = DEFAULT_OVERHEAD) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"NeuralDbg expects a torch.nn.Module, got {type(model).__name__}")
         self.model = model
@@ -115,9 +127,12 @@ class NeuralDbg(MonitorResults, EventFeed):
             scaler=check_scaler(scaler), snapshots=snapshots, autosave=autosave,
             autosave_interval=autosave_interval, reference=reference, reference_every=reference_every,
             at_init=check_at_init(at_init), merge_timeout=check_merge_timeout(merge_timeout),
-            resume=check_resume(resume, family))
+            resume=check_resume(resume, family), overhead=check_overhead(overhead))
         self._priors = pri
-        self._hooks = ModuleHooks(self.root, every=self.every, config=self.config, scaler=self.scaler,
+        #: the checked steps' decisions, one per step as it starts (cadence.py)
+        self._cadence = schedule_for(self.settings.every, self.settings.overhead)
+        self._auto = isinstance(self._cadence, AutoSchedule)
+        self._hooks = ModuleHooks(self.root, schedule=self._cadence, config=self.config, scaler=self.scaler,
                                   report=self._report, backward_started=self._backward_started,
                                   fail=self._failed)
         self._transfer = HostTransfer(self.settings.sync_every, self._consume)
@@ -143,7 +158,9 @@ class NeuralDbg(MonitorResults, EventFeed):
     family = property(lambda self: self.settings.family, doc="Architecture family used for priors.")
     optimizer = property(lambda self: self._optimizers.primary,
                          doc="The primary optimizer: the one given, else the first found stepping the model.")
-    every = property(lambda self: self.settings.every, doc="Check interval: every Nth step is measured.")
+    every = property(lambda self: self.settings.every,
+                     doc='The cadence setting: an int N (every Nth step is checked) or "auto".')
+    overhead = property(lambda self: self.settings.overhead, doc='The overhead budget of every="auto".')
     config = property(lambda self: self.settings.config, doc="The detector thresholds.")
     scaler = property(lambda self: self.settings.scaler, doc="The GradScaler of a mixed-precision loop.")
     reference = property(lambda self: self.settings.reference, doc="The reference-loss function, if any.")
@@ -157,6 +174,18 @@ class NeuralDbg(MonitorResults, EventFeed):
     @sync_every.setter
     def sync_every(self, value: int) -> None:
         self._transfer.sync_every = check_sync_every(value)
+
+    @property
+    def interval(self) -> int:
+        """The check interval in force now (``every`` itself at a fixed interval; under
+        ``every="auto"`` the one chosen, 1 during a dense window)."""
+        return self._cadence.interval_now(self._step)
+
+    @property
+    def cadence(self) -> CadenceRecord:
+        """Which steps were checked so far: the setting, the budget, the interval from each step
+        on and the anomalies that made an ``"auto"`` cadence dense again (the session keeps it)."""
+        return self._cadence.record()
 
     def addon(self, cls: type) -> Any:
         """This monitor's part of type ``cls`` (a measurement or an add-on), or ``None``."""
@@ -213,7 +242,7 @@ class NeuralDbg(MonitorResults, EventFeed):
         checked = self._update_checked()
         self._hooks.check_output_grads()
         # a checked step s reads the rate noted at step s, else at s + 1 (_consume): only those
-        if checked or self._step % self.every < 2 or self.every == 1:
+        if checked or self._cadence.near_check(self._step):
             self._safe(lambda: self._note_lr(optimizer), "learning rate")
         self._parts.call_step("optimizer_pre", optimizer, checked)
 
@@ -253,9 +282,10 @@ class NeuralDbg(MonitorResults, EventFeed):
 
     def _start_step(self, value: int) -> None:
         self._step = value
+        checked = self._cadence.start(value)  # the one decision about this step
         self._quiet_optimizers(value)
-        self._hooks.start_step(value)
-        self._parts.call_step("step_started", value, self._hooks.buf.active)
+        self._hooks.start_step(value, checked)
+        self._parts.call_step("step_started", value, checked)
 
     def record_loss(self, loss: float | torch.Tensor) -> None:
         """Record this step's loss: any real scalar (Python or numpy number, one-element array
@@ -268,6 +298,10 @@ class NeuralDbg(MonitorResults, EventFeed):
         if self._exited:
             raise RuntimeError("record_loss called after the with block exited; create a new NeuralDbg per run")
         value = loss_value(loss)
+        if type(value) is float and not (_NEG_INF < value < self._cadence.spike_above):
+            # a non-finite or spiking loss the user already read: the cadence goes dense now (a
+            # tensor loss is judged once the transfer has brought it to the host, never synced)
+            self._safe(lambda: self._cadence.watch_loss(self._step, value, self._step), "cadence")
         if not self._first_loss_seen:
             # once per run, before the detach: whether the loss can be read against chance level
             self._first_loss_seen = True
@@ -289,14 +323,17 @@ class NeuralDbg(MonitorResults, EventFeed):
         hooks = self._hooks
         buf = hooks.buf
         nxt = self._step + 1
-        if (buf.active or nxt % hooks.every == 0 or hooks.batch_empty or not buf.blank()
+        # the schedule decided at the last full start which step is checked next (its next_check
+        # only moves at a full start, or earlier when an anomaly makes the cadence dense)
+        if (buf.active or nxt >= self._cadence.next_check or hooks.batch_empty or not buf.blank()
                 or self._parts.hears_unchecked_steps):
             return False
         self._closed_active = False
         self._transfer.push_loss(self._step, loss)
         self._step = nxt
-        # _quiet_optimizers, inlined (nxt is unchecked, every > 1)
-        self._optimizers.quiet = nxt % hooks.every >= 2 and not self._parts.hears_unchecked_optimizer
+        # _quiet_optimizers, inlined: nxt is unchecked and so was this step, so nxt is not the
+        # step after a checked one
+        self._optimizers.quiet = not self._parts.hears_unchecked_optimizer
         hooks.next_unchecked(nxt)
         return True
 
@@ -304,9 +341,8 @@ class NeuralDbg(MonitorResults, EventFeed):
         """Whether the optimizer hooks return at once during ``step``: an unchecked step that is
         not the one after a checked step (without ``dbg.step``, the optimizer step of a checked
         step runs after ``record_loss`` opened the next one; its rate is noted there too), while no
-        part needs them on unchecked steps."""
-        every = self._hooks.every
-        self._optimizers.quiet = every > 1 and step % every >= 2 and not self._parts.hears_unchecked_optimizer
+        part needs them on unchecked steps. ``step`` has started (the schedule decided it)."""
+        self._optimizers.quiet = self._cadence.quiet(step) and not self._parts.hears_unchecked_optimizer
 
     def _close_step(self) -> None:
         self._closed_active = self._hooks.buf.active
@@ -357,6 +393,6 @@ class NeuralDbg(MonitorResults, EventFeed):
         return snapshot_bytes(self)
 
     def __repr__(self) -> str:
-        return (f"NeuralDbg(family={self.family!r}, every={self.every}, modules={len(self._hooks.modules)}, "
+        return (f"NeuralDbg(family={self.family!r}, every={self.every!r}, modules={len(self._hooks.modules)}, "
                 f"step={self._step}, events={len(self._log)})")
 

@@ -26,11 +26,14 @@ class MonitorResults(CausalQueries):
 
     # ---- signatures (docs/causal_model.md) ----------------------------------------------
     def signatures(self) -> Signatures:
-        """Every signature measured so far (one host transfer): the monitor's own (``every``,
+        """Every signature measured so far (one host transfer): the monitor's own (``every``: the
+        interval the run's first steps were checked at,
         the optimizer and its learning rates) and each measurement's, checked against its
         declaration; a measurement that reports an undeclared or invalid one is reported as
         an internal error and its values are left out."""
-        values: dict[str, Any] = {EVERY.name: self.every,
+        # the interval the first steps were checked at (every="auto" checks them all): what the
+        # diagnosis reads the initialization's window with
+        values: dict[str, Any] = {EVERY.name: self._cadence.entry_interval,
                                   OPTIMIZER.name: type(self.optimizer).__name__ if self.optimizer else None,
                                   STATS_STEPS.name: self._consumed, GRAD_STEPS.name: self._grad_steps}
         if self.optimizer is not None:
@@ -100,7 +103,7 @@ class MonitorResults(CausalQueries):
             first = last = earlier.last_step
         own = Trace(events=events, layers=self.layers(), family=self.family, first_step=first, last_step=last,
                     loss=self._loss.summary(), rank=self.rank, world_size=self.world_size, signatures=sigs,
-                    internal_errors=self._internal_errors)
+                    internal_errors=self._internal_errors, cadence=self._cadence.record())
         if earlier is None:
             return own
         try:

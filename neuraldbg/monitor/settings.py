@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from neuraldbg.config import DetectorConfig
+from neuraldbg.monitor.cadence import AUTO, DEFAULT_OVERHEAD, check_every, check_overhead  # noqa: F401 - re-exported
 
 #: ``sync_every`` when not given: checked steps batched per host transfer (queries flush first);
 #: batched on the CPU too, where reading 16 steps in a row keeps the host code's caches warm
@@ -26,7 +27,8 @@ class Settings:
     family's shipped priors); ``detectors`` the names of the detectors to run (``None``: all);
     ``at_init`` whether the weights on entry are an initialization (``None``: decide from the
     run, e.g. an optimizer that already holds state means a resume; a string: not at
-    initialization, and why, as the framework callbacks say it of a resume); ``merge_timeout`` how
+    initialization, and why, as the framework callbacks say it of a resume); ``every`` an int
+    >= 1 or ``"auto"``, ``overhead`` the budget ``"auto"`` holds; ``merge_timeout`` how
     long rank 0 waits at exit for the other ranks' traces (0: no live merge); ``resume`` the
     :class:`~neuraldbg.trace.Trace` of the run's part before the checkpoint it resumed from
     (``None``: this monitor sees the run from its start).
@@ -34,7 +36,7 @@ class Settings:
 
     family: str
     optimizer: Any = None
-    every: int = 1
+    every: int | str = AUTO
     config: DetectorConfig = dataclasses.field(default_factory=DetectorConfig)
     detectors: tuple[str, ...] | None = None
     priors: Any = None
@@ -48,6 +50,7 @@ class Settings:
     at_init: bool | str | None = None
     merge_timeout: float = 30.0
     resume: Any = None
+    overhead: float = DEFAULT_OVERHEAD
 
     def as_kwargs(self) -> dict[str, Any]:
         """The keyword arguments that build a monitor with these settings:
@@ -57,13 +60,6 @@ class Settings:
     def replace(self, **changes: Any) -> "Settings":
         """A copy with ``changes`` (e.g. ``snapshots=None`` for a monitor that keeps none)."""
         return dataclasses.replace(self, **changes)
-
-
-def check_every(every: Any) -> int:
-    """``every`` as a valid check interval; ``ValueError`` naming what is valid."""
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise ValueError(f"every must be an int >= 1, got {every!r}")
-    return every
 
 
 def check_config(config: Any) -> DetectorConfig:

@@ -10,7 +10,8 @@ distributed session), ``posterior`` (bars, ``P(healthy)`` first), ``hypotheses``
 evidence and fix), ``chain`` (the causal chain of each failure type that occurred) and
 ``not-observed`` (the evidence variables the diagnosis did not see, by reason, and the monitor's
 internal errors: :mod:`neuraldbg.report.coverage`). When nothing was observed the summary shows a
-banner saying there is no diagnosis instead of a verdict: the posterior is then the prior.
+banner saying there is no diagnosis instead of a verdict: the posterior is then the prior. The
+summary also says in one line which steps the monitor checked (the trace's cadence).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from neuraldbg.causal.nodes.run import MERGED_RANKS
 from neuraldbg.events.base import Event
 from neuraldbg.events.compress import compress
 from neuraldbg.jsonio import write_text_atomic
+from neuraldbg.report.cadence import describe as describe_cadence
 from neuraldbg.report import coverage as coverage_text
 from neuraldbg.report import resolve_source, svg
 from neuraldbg.report.timeline import posterior_timeline
@@ -135,6 +137,9 @@ def _summary(d: ReportData) -> str:
     facts = (f'<p class="muted">family {escape(t.family)}, steps {t.first_step}-{t.last_step}, {len(t.events)} '
              f'events, {len(t.layers)} monitored layers{escape(ranks)}; posterior from '
              f'{escape(str(d.posterior.source))}</p>')
+    cadence = describe_cadence(t.cadence)  # which steps were checked, one line
+    if cadence:
+        facts += f'<p class="muted cadence">{escape(cadence)}</p>'
     if d.posterior.nothing_observed:  # no verdict: the number would be the prior's, not a finding
         return _section("summary", "Summary", (
             f'<p class="banner"><b>Nothing was observed: no diagnosis.</b> The monitor recorded no loss and no layer '

@@ -16,8 +16,9 @@ MAX_INT = 2 ** 53
 SESSION_SCHEMA = "neuraldbg.session"
 #: Session schema versions this version reads (1: priors named by path; 2: priors embedded;
 #: 3: declared signatures, each with the step it was measured by, under ``signatures``; 4: ``gaps``
-#: and ``internal_errors``; 5: the family's shipped priors referred to by fingerprint, not embedded).
-SESSION_VERSIONS = (1, 2, 3, 4, 5)
+#: and ``internal_errors``; 5: the family's shipped priors referred to by fingerprint, not embedded;
+#: 6: the monitor's ``cadence``, which steps it checked).
+SESSION_VERSIONS = (1, 2, 3, 4, 5, 6)
 #: Prior-file schema this version reads and writes (2: the file records the fingerprint of the
 #: network it was written for; version 1 files record none and are refused).
 PRIOR_SCHEMA_VERSION = 2

@@ -3,17 +3,20 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from neuraldbg.schema.base import SESSION_SCHEMA, SESSION_VERSIONS, Checker, SessionFormatError, join, show
+from neuraldbg.schema.base import MAX_INT, SESSION_SCHEMA, SESSION_VERSIONS, Checker, SessionFormatError, join, show
 from neuraldbg.vocab import EVENT_KINDS, EVENT_TYPES, FAMILIES
 
 _REQUIRED = ("schema", "version", "neuraldbg_version", "family", "rank", "world_size", "steps",
              "model", "events", "loss", "config", "priors")
 #: where each version keeps its signatures (before version 3: a flat ``meta`` object)
-_SIGNATURES_KEY = {1: "meta", 2: "meta", 3: "signatures", 4: "signatures", 5: "signatures"}
+_SIGNATURES_KEY = {1: "meta", 2: "meta", 3: "signatures", 4: "signatures", 5: "signatures", 6: "signatures"}
 #: fields added by version 4: why a signature was not measured, and the monitor's own failures
 _V4 = ("gaps", "internal_errors")
 _EVENT_OPTIONAL = ("layer", "end_step", "count", "severity", "values", "rank")
 _LOSS_KEYS = ("n", "first", "last", "min", "n_nonfinite", "first_nonfinite_step", "history")
+#: the fields of version 6's optional ``cadence`` (``neuraldbg.trace.CadenceRecord``)
+_CADENCE_REQUIRED = ("every", "changes")
+_CADENCE_OPTIONAL = ("budget", "alarms", "changes_omitted", "alarms_omitted")
 
 #: ``check(name, value) -> value``: a declared signature's value normalized, ``KeyError`` for an
 #: undeclared name, ``ValueError`` for a bad value (the causal engine's table hands it in)
@@ -27,8 +30,10 @@ def check_session(doc: Any, file: str = "<dict>", *, signature: SignatureCheck |
     The result holds the same keys with numbers decoded, every event field filled in,
     ``priors`` either None, a path string (version 1, never opened), the embedded block
     ``{"source", "fingerprint", "content"}`` or (from version 5) the reference to a family's
-    shipped priors ``{"shipped": family, "fingerprint"}``, and ``signatures`` as
-    ``{name: (value, step or None)}``. ``signature`` checks each signature
+    shipped priors ``{"shipped": family, "fingerprint"}``, ``signatures`` as
+    ``{name: (value, step or None)}``, and ``cadence`` (from version 6, optional) as
+    ``{"every", "budget", "changes", "alarms", "changes_omitted", "alarms_omitted"}`` with
+    lists of tuples, or None. ``signature`` checks each signature
     against its declaration (an undeclared one is refused); ``renamed`` maps names older
     versions wrote to their current name.
     """
@@ -41,7 +46,8 @@ def check_session(doc: Any, file: str = "<dict>", *, signature: SignatureCheck |
         raise SessionFormatError(f"{file} has session schema version {version!r}; this NeuralDBG reads "
                                  f"versions {', '.join(map(str, SESSION_VERSIONS))}", file=file, field="version")
     sig_key = _SIGNATURES_KEY[version]
-    c.obj(doc, "", _REQUIRED + (sig_key,) + (_V4 if version >= 4 else ()), ("propagation",))
+    c.obj(doc, "", _REQUIRED + (sig_key,) + (_V4 if version >= 4 else ()),
+          ("propagation",) + (("cadence",) if version >= 6 else ()))
     out: dict[str, Any] = {"schema": SESSION_SCHEMA, "version": version,
                            "neuraldbg_version": c.string(doc["neuraldbg_version"], "neuraldbg_version"),
                            "family": c.string(doc["family"], "family", FAMILIES),
@@ -58,6 +64,7 @@ def check_session(doc: Any, file: str = "<dict>", *, signature: SignatureCheck |
             _propagation(c, p, join("propagation", i))
     out["loss"] = _loss(c, doc["loss"])
     out["config"] = _config(c, doc["config"])
+    out["cadence"] = _cadence(c, doc["cadence"]) if "cadence" in doc else None
     out["signatures"] = _signatures(c, doc[sig_key], sig_key, version, signature, renamed or {})
     out["gaps"], out["internal_errors"] = {}, 0
     if version >= 4:
@@ -159,6 +166,37 @@ def _loss(c: Checker, lo: Any) -> dict:
         hist.append((c.integer(s, join(where, 0)), c.number(v, join(where, 1))))
     out["history"] = hist
     return out
+
+
+def _cadence(c: Checker, cad: Any) -> dict:
+    """The monitor's cadence: the setting, the budget, the interval from each step on (in step
+    order), the anomalies that made it dense again."""
+    c.obj(cad, "cadence", _CADENCE_REQUIRED, _CADENCE_OPTIONAL)
+    every = cad["every"]
+    if every != "auto":
+        if type(every) is not int or not 1 <= every <= MAX_INT:
+            raise c.fail("cadence.every", f"{show(every)} is not valid; valid: an integer >= 1 or \"auto\"")
+    budget = c.number(cad.get("budget"), "cadence.budget", finite=True, null=True)
+    if budget is not None and not 0 < budget < 1:
+        raise c.fail("cadence.budget", f"{budget!r} is out of range; valid: a number in (0, 1) or null")
+    changes, last = [], None
+    for i, ch in enumerate(c.array(cad["changes"], "cadence.changes")):
+        where = join("cadence.changes", i)
+        step, n = c.array(ch, where, 2)
+        step = c.integer(step, join(where, 0))
+        if last is not None and step < last:
+            raise c.fail(join(where, 0), f"step {step} comes before the previous change's {last}; changes are in "
+                                         "step order")
+        last = step
+        changes.append((step, c.integer(n, join(where, 1), 1)))
+    alarms = []
+    for i, a in enumerate(c.array(cad.get("alarms", []), "cadence.alarms")):
+        where = join("cadence.alarms", i)
+        step, at, why = c.array(a, where, 3)
+        alarms.append((c.integer(step, join(where, 0)), c.integer(at, join(where, 1)), c.string(why, join(where, 2))))
+    return {"every": every, "budget": budget, "changes": changes, "alarms": alarms,
+            "changes_omitted": c.integer(cad.get("changes_omitted", 0), "cadence.changes_omitted", 0),
+            "alarms_omitted": c.integer(cad.get("alarms_omitted", 0), "cadence.alarms_omitted", 0)}
 
 
 def _config(c: Checker, cfg: Any) -> dict:

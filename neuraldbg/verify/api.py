@@ -116,7 +116,8 @@ def _run_test(dbg: Any, snaps: Snapshots, replay: Callable, hyp: Any, trace: Any
         undo()
     # events pair up only when the replay's detectors saw the history the original's did
     paired = start <= trace.first_step
-    latency = dbg.config.regime_persistence * max(1, int(dbg.every))
+    # the original's checks over the window (every="auto" may have checked it at several intervals)
+    latency = dbg.config.regime_persistence * max(1, dbg.cadence.max_interval(start, end))
     symptoms = symptoms_in(hyp.evidence, start, end, latency) if paired else []
     # a run that gave up part of its reference task: the reference is a symptom too
     refs = (loss_map(dbg.reference_points()), loss_map(inner.reference_points())) if reference_lost else None

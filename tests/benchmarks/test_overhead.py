@@ -22,6 +22,18 @@ def test_paired_blocks_give_one_ratio_per_pair(kind):
     assert r["bare_ms"] > 0 and r["mon_ms"] > 0
 
 
+def test_the_default_cadence_is_measured_with_every_auto():
+    import argparse
+
+    assert O.every_arg("auto") == "auto" and O.every_arg("10") == 10
+    for bad in ("0", "fast"):
+        with pytest.raises(argparse.ArgumentTypeError, match="an int >= 1 or 'auto'"):
+            O.every_arg(bad)
+    assert O.every_columns(["auto", 10, 1, 10]) == [1, 10, "auto"]
+    r = O.paired(O.MODELS["deep100"], "sgd", "auto", device="cpu", pairs=2, block=2, warmup=1)
+    assert len(r["ratios"]) == 2 and r["cadence"].startswith("Checked every step")
+
+
 def test_the_one_pass_reference_reduces_each_output_once_and_the_gradients_in_one_call():
     from benchmarks.overhead_models import one_pass_gradients, one_pass_hooks
     from neuraldbg.monitor.records import monitored_modules

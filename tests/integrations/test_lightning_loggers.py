@@ -33,7 +33,7 @@ def fit(lr, logger, callbacks):
 
 
 def test_csv_logger_gets_the_diagnosis_at_each_sync_and_the_session_goes_to_log_dir(tmp_path):
-    cb = integration.NeuralDbgCallback(export=True)
+    cb = integration.NeuralDbgCallback(export=True, every=1)  # a sync every 16 steps
     logger = L.loggers.CSVLogger(str(tmp_path), name="runs")
     trainer = fit(LR * 1000, logger, [cb])
     log_dir = Path(trainer.log_dir)

@@ -83,14 +83,16 @@ def test_an_unchecked_step_launches_no_monitor_kernels(monitor):
 def test_a_checked_step_measures_with_one_foreach_norm_per_backward():
     extra = extra_ops({"every": 10}, warm=10)  # step 10: checked
     # one for every parameter gradient at once; two for the step-size probe of the optimizer the
-    # monitor found (the weights before the step, the update)
-    assert extra["aten._foreach_norm.Scalar"] == 3
-    # no per-parameter squares of the gradients (the old path): of the five multiplications, two
+    # monitor found (the weights before the step, the update); one for the finiteness of the
+    # weights after the update (neuraldbg/monitor/measurements/numerics.py)
+    assert extra["aten._foreach_norm.Scalar"] == 4
+    # no per-parameter squares of the gradients (the old path): of the six multiplications, two
     # are the step-size probe's (one per weight/update sum of squares it reduces per layer), one
-    # the input-scale measurement's (the entry layer's input squared, summed per feature) and two
-    # the output spread's (the deviations and the mean squared, once for the whole output)
+    # the input-scale measurement's (the entry layer's input squared, summed per feature), two
+    # the output spread's (the deviations and the mean squared, once for the whole output) and
+    # one inside the isfinite of the weights' check (on its one scalar)
     assert extra.get("aten.index_add_.default", 0) == 2
-    assert extra.get("aten.mul.Tensor", 0) == 5
+    assert extra.get("aten.mul.Tensor", 0) == 6
     assert extra.get("aten._local_scalar_dense.default", 0) <= 2  # the CPU input's finiteness check only
 
 

@@ -132,7 +132,7 @@ def test_gradient_accumulation_records_the_accumulated_gradient(seen):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(0)
     final = []
-    with NeuralDbg(model) as dbg:
+    with NeuralDbg(model, every=1) as dbg:
         for step in range(40):
             dbg.step = step
             opt.zero_grad()
@@ -261,7 +261,7 @@ def test_replaced_module_is_monitored_and_logged_once(seen, caplog):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(0)
     with caplog.at_level(logging.INFO, logger="neuraldbg"):
-        with NeuralDbg(model) as dbg:
+        with NeuralDbg(model, every=1) as dbg:
             for step in range(60):
                 if step == 20:
                     model[2] = nn.Linear(32, 32)  # e.g. a layer re-initialised or swapped for an adapter
@@ -324,7 +324,7 @@ def test_wrapped_module_moves_to_its_new_name(seen):
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(0)
-    with NeuralDbg(model) as dbg:
+    with NeuralDbg(model, every=1) as dbg:
         for step in range(40):
             if step == 10:
                 model[2] = Adapter(model[2])

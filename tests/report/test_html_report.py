@@ -136,6 +136,19 @@ def test_a_healthy_run_says_so(tmp_path):
     assert page.in_section("event-map", "rect", "event-cell") == []
 
 
+def test_the_summary_says_which_steps_were_checked(lr_run):
+    from neuraldbg.trace import CadenceRecord
+
+    page = Page(render_html(lr_run.dbg))
+    # the default cadence: the first steps one by one, then what the run's timings chose
+    assert "Checked every step for the first 33 steps, then every" in page.prose("summary")
+    cadence = CadenceRecord("auto", 0.03, ((0, 1), (33, 2), (51, 7), (213, 1), (229, 7)), ((212, 213, "loss spike"),))
+    trace = dataclasses.replace(lr_run.dbg.trace(), cadence=cadence)
+    assert ("Checked every step for the first 33 steps, then every 7th step (budget 3 %); dense again after the "
+            "loss spike at step 212.") in Page(render_html(trace)).prose("summary")
+    assert "Checked" not in Page(render_html(dataclasses.replace(trace, cadence=None))).prose("summary")
+
+
 def test_live_report_inside_the_loop_and_after_loading(tmp_path):
     import torch
     from torch.nn import functional as F

@@ -98,10 +98,14 @@ LR_COLLAPSE_STEP = Signature("lr_collapse_step", "integer", "run", "lead",
 LR_JUMP_STEPS = Signature("lr_jump_steps", "integers", "run", "lead",
                           "checked steps at which the learning rate rose at least JUMP_FACTOR-fold within a few "
                           "checked steps after having decayed from an earlier peak (the first few)")
+LR_JUMP_FROM = Signature("lr_jump_from", "integers", "run", "lead",
+                         "for each of lr_jump_steps, the step after the last checked step before it: the rate "
+                         "changed somewhere from there to the jump's checked step")
 LR_JUMP_FACTOR = Signature("lr_jump_factor", "number", "run", "lead",
                            "the largest of those rises (new rate / the lowest rate just before it)", lo=0)
 
-SIGNATURES = (LR_FIRST, LR_WARMUP_STEPS, LR_LAST, LR_CHECKED, LR_COLLAPSE_STEP, LR_JUMP_STEPS, LR_JUMP_FACTOR)
+SIGNATURES = (LR_FIRST, LR_WARMUP_STEPS, LR_LAST, LR_CHECKED, LR_COLLAPSE_STEP, LR_JUMP_STEPS, LR_JUMP_FROM,
+              LR_JUMP_FACTOR)
 
 
 def warmup_state(first: float | None, peak: float | None, n_steps: int) -> str | None:
@@ -196,6 +200,23 @@ def jump_answered(jump_step: int, history: Sequence[tuple[int, float]], referenc
     return hi / lo
 
 
+def jump_onset(earliest: int, jump_step: int, history: Sequence[tuple[int, float]],
+               reference: float | None) -> tuple[float, int] | None:
+    """``(rise, onset)`` of a jump of the rate somewhere in ``[earliest, jump_step]`` (the checked
+    steps around it bound it; one step apart at every=1): among the recorded steps there (and
+    ``jump_step``), the onset whose :func:`jump_answered` rise is largest -- the loss is still at
+    its level before the real onset and risen after it, so the contrast peaks there. ``None``
+    when no candidate is answered. Pure."""
+    candidates = sorted({s for s, _ in history if earliest <= s <= jump_step} | {jump_step})
+    best: tuple[float, int] | None = None
+    for t in candidates:
+        # the loss recorded at the onset step was computed before the update at the new rate
+        rise = jump_answered(t, history, reference)
+        if rise is not None and (best is None or rise > best[0]):
+            best = (rise, t)
+    return best
+
+
 def lr_schedule(view: TraceView) -> Reading | None:
     """The rate over the whole run: 'jumped' (and the loss answered), 'collapsed' (while the
     loss was still far from its floor) or 'steady'."""
@@ -213,14 +234,17 @@ def lr_schedule(view: TraceView) -> Reading | None:
         return Reading(None, reason="too few recorded losses to read what the schedule did to the run")
     ref = loss_reference(hist, chance_loss(sigs))
     jumps = sigs.value(LR_JUMP_STEPS) or ()
-    for step in jumps:
-        rise = jump_answered(int(step), hist, ref)
-        if rise is not None:
+    starts = sigs.value(LR_JUMP_FROM) or ()
+    for i, step in enumerate(jumps):
+        earliest = int(starts[i]) if i < len(starts) else int(step)
+        got = jump_onset(min(earliest, int(step)), int(step), hist, ref)
+        if got is not None:
+            rise, onset = got
             factor = sigs.number(LR_JUMP_FACTOR)
             how = f" {factor:.3g}x" if factor is not None else ""
-            ev = Event(OPTIMIZER, "spike", None, int(step), severity=rise,
+            ev = Event(OPTIMIZER, "spike", None, onset, severity=rise,
                        values={"loss_rise": rise, "lr_jump": factor or 0.0})
-            return Reading("jumped", (ev,), (f"the learning rate jumped{how} at step {int(step)} and the loss rose "
+            return Reading("jumped", (ev,), (f"the learning rate jumped{how} at step {onset} and the loss rose "
                                              f"{rise:.3g}x right after (a schedule restarted on trained weights)"))
     cstep = sigs.number(LR_COLLAPSE_STEP)
     cstep = int(cstep) if cstep is not None else None

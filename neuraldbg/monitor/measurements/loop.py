@@ -13,8 +13,9 @@ monitor's own transfers, every ``sync_every`` checked steps):
   a step taken while its parameters still hold gradients from before its previous step (never
   zeroed since) is stale. Accumulation (several backwards, then a step, then ``zero_grad``) and
   a GAN's cross-gradients (zeroed before the discriminator's own step) stay quiet. The replay
-  needs the *first* backward after a step: with ``every > 1``, where the step open at the
-  optimizer's step is not the checked one now backing up, an unchecked step came between and its
+  needs the *first* backward after a step: where the step open at the optimizer's step is not
+  the checked one now backing up and an unchecked step may lie between (``every > 1``, or
+  ``every="auto"`` outside a dense window), an unchecked step came between and its
   backward passes were not seen (accumulation over unchecked micro-steps would look stale), so
   that step is not judged, and not counted as examined.
 * **orphans** -- at the first :data:`WINDOW` checked optimizer steps, which trainable parameters
@@ -158,11 +159,12 @@ class LoopWatch(Measurement):
             self._at_bwd[oid] = n
             if not stepped and not self._open.get(oid):
                 continue  # nothing can open or close a candidate here
-            if stepped and ctx.settings.every > 1 and self._step_at.get(oid) != ctx.step:
-                # checked steps are the multiples of `every` (neuraldbg/monitor/hooks.py): a
-                # step taken in an earlier step than this one was followed by an unchecked step,
-                # whose backward passes (a micro-batch's, or a zero_grad then a backward) were
-                # not seen, so the gradients here may be a legitimate accumulation. Not judged.
+            at = self._step_at.get(oid)
+            if stepped and at != ctx.step and not ctx.checked_since(ctx.step if at is None else at):
+                # a step taken in an earlier step than this one, with an unchecked step between
+                # (every > 1, or every="auto" outside its dense windows), whose backward passes
+                # (a micro-batch's, or a zero_grad then a backward) were not seen: the gradients
+                # here may be a legitimate accumulation. Not judged.
                 self._open[oid] = False
                 self._events.append(["bwd", oid, None, 0.0])
                 continue

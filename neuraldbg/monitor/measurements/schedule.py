@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from neuraldbg.causal.nodes.schedule import (COLLAPSE_SHARE, JUMP_FACTOR, LR_CHECKED, LR_COLLAPSE_STEP,
-                                             LR_FIRST, LR_JUMP_FACTOR, LR_JUMP_STEPS, LR_LAST, LR_WARMUP_STEPS)
+                                             LR_FIRST, LR_JUMP_FACTOR, LR_JUMP_FROM, LR_JUMP_STEPS, LR_LAST,
+                                             LR_WARMUP_STEPS)
 from neuraldbg.lifecycle import AddonContext, Measurement
 from neuraldbg.monitor.measurements import register_measurement
 
@@ -71,9 +72,14 @@ class CourseTracker:
         self.decayed = False  # the rate has fallen below an earlier value
         self.collapse_step: int | None = None
         self.jumps: list[int] = []
+        #: for each jump, the step after the last checked step before it: the rate changed
+        #: somewhere in ``[jump_from, jump]`` (one step at every=1, an interval's width under a
+        #: sparse cadence)
+        self.jump_from: list[int] = []
         self.jump_factor = 0.0
         self._recent: deque[float] = deque(maxlen=JUMP_WINDOW)
         self._prev: float | None = None
+        self._prev_step: int | None = None
 
     def add(self, step: int, lr: float) -> None:
         """One checked step's rate."""
@@ -82,6 +88,7 @@ class CourseTracker:
             factor = lr / low if low > 0 else float("inf")
             if len(self.jumps) < MAX_JUMPS:
                 self.jumps.append(step)
+                self.jump_from.append(self._prev_step + 1 if self._prev_step is not None else step)
             self.jump_factor = max(self.jump_factor, min(factor, 1e12))
             self._recent.clear()  # one jump is one change, however many steps of the window it covers
         if self._prev is not None and lr < DECAYED * self._prev:
@@ -94,6 +101,7 @@ class CourseTracker:
             self.collapse_step = None  # the rate came back: only a collapse that lasts counts
         self._recent.append(lr)
         self._prev = lr
+        self._prev_step = step
 
 
 def group_lrs(optimizer: Any) -> list[float] | None:
@@ -116,7 +124,8 @@ class Schedule(Measurement):
     peak, the step it was reached at and the last rate, so memory stays bounded on long runs.
     """
 
-    signatures = (LR_FIRST, LR_WARMUP_STEPS, LR_LAST, LR_CHECKED, LR_COLLAPSE_STEP, LR_JUMP_STEPS, LR_JUMP_FACTOR)
+    signatures = (LR_FIRST, LR_WARMUP_STEPS, LR_LAST, LR_CHECKED, LR_COLLAPSE_STEP, LR_JUMP_STEPS, LR_JUMP_FROM,
+                  LR_JUMP_FACTOR)
     unchecked = ()  # the rate is read on checked steps only
     #: checked steps whose ``(step, lr)`` is kept in full
     WINDOW = 64
@@ -159,7 +168,7 @@ class Schedule(Measurement):
         if self._peak is not None and self._peak[1] * AT_PEAK > r.peak:  # the rate kept rising after the window
             warm = self._peak[0] - self._lrs[0][0]
         out = {LR_FIRST: r.first, LR_WARMUP_STEPS: warm, LR_LAST: self._last, LR_CHECKED: self._n,
-               LR_JUMP_STEPS: list(self._course.jumps)}
+               LR_JUMP_STEPS: list(self._course.jumps), LR_JUMP_FROM: list(self._course.jump_from)}
         if self._course.collapse_step is not None:
             out[LR_COLLAPSE_STEP] = self._course.collapse_step
         if self._course.jumps:
@@ -184,5 +193,5 @@ class Schedule(Measurement):
         if self._course.collapse_step is not None:
             out[LR_COLLAPSE_STEP] = self._course.collapse_step
         if self._course.jumps:
-            out[LR_JUMP_STEPS] = out[LR_JUMP_FACTOR] = max(self._course.jumps)
+            out[LR_JUMP_STEPS] = out[LR_JUMP_FROM] = out[LR_JUMP_FACTOR] = max(self._course.jumps)
         return out
