@@ -1,6 +1,23 @@
+import itertools
+
+import pytest
 import torch
 
 
 def pytest_configure(config):
     # CI has 2 cores shared by the suite; one thread keeps timings stable and tests fast
     torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def deterministic_cadence(monkeypatch):
+    """The default cadence (``every="auto"``) picks its interval from the run's own step times,
+    so a test that trains past its dense start would read other steps on a slower machine. Every
+    test's monitor times its steps on a clock that ticks once per reading instead: a check then
+    costs nothing extra and the interval stays 1 after the dense start and the probe -- the
+    same steps on every machine. ``tests/monitor/test_cadence.py`` drives the schedule with
+    clocks of its own (set after this one), and the benchmark measures the real one."""
+    from neuraldbg.monitor import cadence
+
+    ticks = itertools.count()
+    monkeypatch.setattr(cadence, "perf_counter", lambda: next(ticks) * 1e-3)
