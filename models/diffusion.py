@@ -163,12 +163,13 @@ def _nan_in_mid(model: UNet, cfg: DiffusionConfig, trainer: Trainer) -> None:
 
 
 register_injection(Injection(
-    name="unet_nan", archs=("diffusion",), truth=("architecture", "unstable"),
+    name="unet_nan", archs=("diffusion",), truth=("numerics", "overflow"),
     symptom="nonfinite", onset_frac=ONSET_FRAC, layer_of="mid.conv1",
     description="from the onset on, one activation of the UNet's middle conv is NaN (stands in "
                 "for an in-network numerical fault: an overflowing fp16 activation, an "
                 "eps-free normalisation of a constant channel); inputs stay finite",
     why="data, learning rate and init are the healthy ones and the inputs are finite; the "
-        "NaN is born inside the network, so the network's computation is at fault",
+        "NaN is born inside the network out of a calm run: a value that left its dtype's range "
+        "in the network's own computation (numerics/overflow), not the data's",
     model=_nan_in_mid,
 ))

@@ -191,9 +191,10 @@ def test_a_state_possible_only_under_impossible_parents_is_refused(tmp_path):
         if np.unravel_index(j, cards)[at] == 0:  # pgmpy layout: the last parent varies fastest
             inst["values"][0][j] += inst["values"][2][j]
             inst["values"][2][j] = 0.0
-    exp = doc["cpds"]["exploding"]  # parents: corruption, instability
+    exp = doc["cpds"]["exploding"]  # parents: corruption, instability, numerics
+    exp_cards = [len(net.states_of(p)) for p in exp["parents"]]
     for j in range(len(exp["values"][0])):  # exploding 'init' only with no corruption and instability 'init'
-        if divmod(j, 3) != (0, 2):
+        if tuple(np.unravel_index(j, exp_cards))[:2] != (0, 2):
             exp["values"][0][j] += exp["values"][2][j]
             exp["values"][2][j] = 0.0
     # each row is non-zero somewhere, yet exploding 'init' can never happen

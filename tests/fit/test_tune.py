@@ -26,6 +26,7 @@ WIDE = {"learning_rate": {"ok": .5, "too_high": .25, "too_low": .25},
         # enough samples each for the sampling-error bounds below
         "training_loop": {"ok": .96, "stale_gradients": .01, "params_not_in_optimizer": .01, "graph_detached": .01,
                           "loss_on_probabilities": .01},
+        "numerics": {"ok": .98, "overflow": .01, "updates_lost": .01},
         "unexplained": {"ok": .98, "not_learning": .02}}
 
 
@@ -212,9 +213,9 @@ def test_malformed_tuned_file_fails_clearly(tmp_path):
             read(p)
 
     bad(lambda d: d.update(schema_version=3), "schema_version 3 is not supported")
-    bad(lambda d: d["cpds"]["exploding"]["values"].pop(), r"cpds.exploding: values must be a 3 x 9 ")
+    bad(lambda d: d["cpds"]["exploding"]["values"].pop(), r"cpds.exploding: values must be a 3 x 27 ")
     bad(lambda d: d["cpds"]["exploding"].update(parents=["instability", "corruption"]),
-        r"must be \['corruption', 'instability'\]")
+        r"must be \['corruption', 'instability', 'numerics'\]")
     bad(lambda d: d["cpds"]["dead"]["values"][0].__setitem__(0, 0.9), r"cpds.dead: column 0 sums to")
     bad(lambda d: d["cpds"].update(mystery={"values": [[1.0]]}), "no such non-root node")
     trunc = tmp_path / "trunc.json"
