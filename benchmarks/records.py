@@ -199,7 +199,8 @@ def own_evidence(dbg: Any, h: Any) -> str:
     from neuraldbg.causal.hypotheses import support
 
     try:
-        tr = dbg.trace()
+        # the trace the monitor's queries answer for: the whole job's once merged, else this rank's
+        tr = getattr(dbg, "merged_trace", None) or dbg.trace()
         sup = support(api.compiled(api.resolve_priors(tr, getattr(dbg, "priors", None))), api.evidence(tr),
                       h.cause, h.state)
     except Exception as exc:  # noqa: BLE001 - a record keeps its other columns

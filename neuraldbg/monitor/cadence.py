@@ -212,11 +212,6 @@ class FixedSchedule:
         """The interval in force at the current ``step``."""
         return self.every
 
-    def quiet(self, step: int) -> bool:
-        """Whether the optimizer hooks may return at once during ``step`` (started): an unchecked
-        step that is not the one after a checked step."""
-        return self.every > 1 and step % self.every >= 2
-
     def near_check(self, step: int) -> bool:
         """Whether ``step`` is checked or the one after a checked step (whose optimizer step,
         without ``dbg.step``, belongs to the checked one)."""
@@ -330,11 +325,6 @@ class AutoSchedule:
     def interval_now(self, step: int) -> int:
         """The interval in force at the current ``step``: 1 in a dense window."""
         return 1 if step < self.dense_until else self.interval
-
-    def quiet(self, step: int) -> bool:
-        """Whether the optimizer hooks may return at once during ``step`` (started): an unchecked
-        step that is not the one after a checked step."""
-        return step != self.last_checked and step - 1 != self.last_checked
 
     def near_check(self, step: int) -> bool:
         """Whether ``step`` is checked or the one after a checked step (whose optimizer step,

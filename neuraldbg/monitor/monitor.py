@@ -342,7 +342,7 @@ class NeuralDbg(MonitorResults, EventFeed):
         not the one after a checked step (without ``dbg.step``, the optimizer step of a checked
         step runs after ``record_loss`` opened the next one; its rate is noted there too), while no
         part needs them on unchecked steps. ``step`` has started (the schedule decided it)."""
-        self._optimizers.quiet = self._cadence.quiet(step) and not self._parts.hears_unchecked_optimizer
+        self._optimizers.quiet = not self._cadence.near_check(step) and not self._parts.hears_unchecked_optimizer
 
     def _close_step(self) -> None:
         self._closed_active = self._hooks.buf.active

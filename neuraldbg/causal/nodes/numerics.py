@@ -192,8 +192,6 @@ def lacks_half_weights(view: TraceView) -> str | None:
 def lacks_own_nonfinite(view: TraceView) -> str | None:
     """Why the run shows no value that left its range (``None``: it shows one, or could not
     tell): no non-finite value anywhere, or the first one came in with the input batch."""
-    if not view.watched and view.trace.loss.n == 0:
-        return None
     born = first_nonfinite(view)
     if born is None:
         return "no NaN or Inf anywhere in the run" if view.watched else None

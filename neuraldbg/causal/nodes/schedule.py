@@ -187,7 +187,11 @@ def jump_answered(jump_step: int, history: Sequence[tuple[int, float]], referenc
     ``RISE_POINTS`` finite losses after it over the median of the ``RISE_POINTS`` up to it,
     when that is at least ``RISE_FACTOR`` and the risen level at least ``RISE_LEVEL`` of
     ``reference`` (unchecked without one); ``None`` otherwise (no answer, or too few losses). Pure."""
-    vals = _finite(history)
+    return _rise(_finite(history), jump_step, reference)
+
+
+def _rise(vals: Sequence[tuple[int, float]], jump_step: int, reference: float | None) -> float | None:
+    """:func:`jump_answered` on losses already filtered to the finite ones."""
     before = [v for s, v in vals if s <= jump_step][-RISE_POINTS:]
     after = [v for s, v in vals if s > jump_step][:RISE_POINTS]
     if len(before) < 2 or len(after) < RISE_POINTS:
@@ -207,11 +211,12 @@ def jump_onset(earliest: int, jump_step: int, history: Sequence[tuple[int, float
     ``jump_step``), the onset whose :func:`jump_answered` rise is largest -- the loss is still at
     its level before the real onset and risen after it, so the contrast peaks there. ``None``
     when no candidate is answered. Pure."""
+    vals = _finite(history)
     candidates = sorted({s for s, _ in history if earliest <= s <= jump_step} | {jump_step})
     best: tuple[float, int] | None = None
     for t in candidates:
         # the loss recorded at the onset step was computed before the update at the new rate
-        rise = jump_answered(t, history, reference)
+        rise = _rise(vals, t, reference)
         if rise is not None and (best is None or rise > best[0]):
             best = (rise, t)
     return best

@@ -71,6 +71,7 @@ class Numerics(Measurement):
         self._dtype: str | None = None
         self._grad_step: int | None = None
         self._first: torch.Tensor | None = None  # device: the dated step, -1 while all finite
+        self._weights_at: int | None = None      # host: that step, once read and found
         self._backward_at: int | None = None
         self._scaled = False
         self._updates = 0
@@ -109,23 +110,35 @@ class Numerics(Measurement):
                 self._first = torch.full((), -1, dtype=torch.int64, device=bad.device)
             self._first.masked_fill_(bad & (self._first < 0), date)
 
+    def _weights_step(self) -> int | None:
+        """The dated step of the first non-finite weights, read from the device flag (one host
+        read; once found it never changes, so it is kept and never read again)."""
+        if self._weights_at is None and self._first is not None:
+            first = int(self._first.item())
+            self._weights_at = first if first >= 0 else None
+        return self._weights_at
+
     def summary(self) -> dict[Any, Any]:
-        """The dtype, and the first non-finite gradient and weight steps where seen (one host read)."""
+        """The dtype, and the first non-finite gradient and weight steps where seen."""
         out: dict[Any, Any] = {}
         if self._dtype is not None:
             out[WEIGHTS_DTYPE] = self._dtype
         if self._grad_step is not None:
             out[NONFINITE_GRAD_STEP] = self._grad_step
-        if self._first is not None:
-            first = int(self._first.item())
-            if first >= 0:
-                out[NONFINITE_WEIGHTS_STEP] = first
+        weights = self._weights_step()
+        if weights is not None:
+            out[NONFINITE_WEIGHTS_STEP] = weights
         return out
 
     def steps(self) -> dict[Any, int]:
         """The non-finite steps are known from their own step on."""
-        out = self.summary()
-        return {sig: v for sig, v in out.items() if sig in (NONFINITE_GRAD_STEP, NONFINITE_WEIGHTS_STEP)}
+        out: dict[Any, int] = {}
+        if self._grad_step is not None:
+            out[NONFINITE_GRAD_STEP] = self._grad_step
+        weights = self._weights_step()
+        if weights is not None:
+            out[NONFINITE_WEIGHTS_STEP] = weights
+        return out
 
     def gaps(self) -> dict[Any, str]:
         """Why the dtype was not read."""
