@@ -81,12 +81,18 @@ def table_values(node: Table, network: Network) -> np.ndarray:
 
 
 def default_cpds(network: Network) -> dict[str, Cpd]:
-    """The hand-set CPDs of every non-root node of ``network``."""
-    out = {}
-    for node in network.nodes:
-        vals = noisy_max_values(node, network) if isinstance(node, NoisyMax) else table_values(node, network)
-        out[node.name] = Cpd(node.name, node.states, node.parents, vals)
-    return out
+    """The hand-set CPDs of every non-root node of ``network`` (a new dict of shared, read-only
+    tables: built once per network, which is immutable, since every prior file, fit and query
+    starts from them)."""
+    cached = network.__dict__.get("_default_cpds")
+    if cached is None:
+        cached = {}
+        for node in network.nodes:
+            vals = noisy_max_values(node, network) if isinstance(node, NoisyMax) else table_values(node, network)
+            vals.flags.writeable = False
+            cached[node.name] = Cpd(node.name, node.states, node.parents, vals)
+        network.__dict__["_default_cpds"] = cached
+    return dict(cached)
 
 
 def build_cpds(roots: Mapping[str, Mapping[str, float]], overrides: Mapping[str, Mapping] | None,

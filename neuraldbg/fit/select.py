@@ -27,6 +27,9 @@ DEFAULT_FOLDS = 5
 #: Temperatures tried on held-out log loss (1.0 included: "no change" is always a candidate).
 TEMPERATURE_GRID: tuple[float, ...] = (0.25, 0.33, 0.4, 0.5, 0.67, 0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0)
 
+#: evidence variables whose likelihoods are multiplied before one logarithm (:func:`_evidence_loglik`)
+LOG_EVERY = 6
+
 
 @dataclass(frozen=True)
 class Prediction:
@@ -40,13 +43,25 @@ class Prediction:
 def _evidence_loglik(net: CompiledNetwork, data: _Data) -> np.ndarray:
     """``log P(evidence | hidden)`` for every run and hidden state, partial sets summed: (N, H)."""
     ll = np.zeros((len(data.root), net.n_hidden))
+    # likelihoods are multiplied in linear space and logged once per LOG_EVERY variables: the
+    # logarithm of an (N, H) array per variable was most of a fit's time; no entry of a table is
+    # small enough for a product of LOG_EVERY of them to underflow (a 0 stays a 0: -inf)
+    prod = np.ones_like(ll)
+    pending = 0
     for e, table in zip(net.network.evidence_names, net.log_tables):
         obs = data.observed[e]
         if not obs.any():
             continue
-        lik = data.masks[e][obs] @ np.exp(table[:, :-1]).T
+        prod[obs] *= data.masks[e][obs] @ np.exp(table[:, :-1]).T
+        pending += 1
+        if pending == LOG_EVERY:
+            with np.errstate(divide="ignore"):
+                ll += np.log(prod)
+            prod.fill(1.0)
+            pending = 0
+    if pending:
         with np.errstate(divide="ignore"):
-            ll[obs] += np.log(lik)
+            ll += np.log(prod)
     return ll
 
 

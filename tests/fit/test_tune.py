@@ -239,7 +239,7 @@ def test_tune_errors_name_what_is_valid(tmp_path):
 
 
 def test_cross_validation_groups_by_seed_and_picks_a_temperature():
-    runs = _runs(build_cpds(WIDE, load_priors("mlp").cpds, NET), 600, seed=11)
+    runs = _runs(build_cpds(WIDE, load_priors("mlp").cpds, NET), 300, seed=11)
     cv = T.cross_validate(runs, load_priors("mlp"), ess=10, folds=5)
     assert cv.grouping == "seed" and set(cv.folds.tolist()) == set(range(5))
     for s in range(5):   # every run of a seed is in one fold
