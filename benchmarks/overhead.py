@@ -60,6 +60,11 @@ ANCHORS = ("Cockpit's economy configuration: 1.51x at every step, 1.04x at every
 ARMS = ("monitor", "anomaly", "nullhooks", "onepass", "cockpit")
 #: the arms that measure only every Nth step (``--every``); the others ignore it
 SCHEDULED = ("monitor", "cockpit")
+#: steps the monitored arm's warm-up is extended by at a time, until its start-up is over
+WARMUP_CHUNK = 16
+#: checked steps the monitor's start-up lasts (the longest of its windows counted in checks: the
+#: update's dense non-finite checks, ``neuraldbg/monitor/measurements/numerics.py``)
+STARTUP_CHECKS = 64
 OPTIMIZERS = {"sgd": lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9),
               "adam": lambda ps: torch.optim.Adam(ps, lr=1e-3)}
 
@@ -143,14 +148,25 @@ class Arm:
 
 def paired(build: Callable, optimizer: str, every: int | str, *, device: str, pairs: int, block: int,
            warmup: int, give_optimizer: bool = False, clock: Callable[[], float] = time.perf_counter,
-           kind: str = "monitor") -> dict:
+           kind: str = "monitor", warmup_checks: int = 0) -> dict:
     """Alternating blocks of a bare and a monitored (or reference, ``kind``) run: per-pair
-    ratios and step times."""
+    ratios and step times.
+
+    The monitored arm warms up for ``warmup`` steps and, past them, until its monitor has checked
+    ``warmup_checks`` steps (its start-up: the step-size probe's weight copies, the update's dense
+    non-finite checks, the first host transfer that builds the detectors, the ``"auto"``
+    cadence's dense start and probe); the bare arm then runs as many steps. ``startup_ms`` is
+    the monitored warm-up's extra time over the bare one: the one-time cost the ratio leaves
+    out."""
     bare = Arm(build, optimizer, device, None)
     mon = Arm(build, optimizer, device, every, give_optimizer, kind)
     try:
-        bare.run(warmup)
-        mon.run(warmup)
+        t_mon = mon.run(warmup, clock)
+        n = warmup
+        while mon.dbg is not None and mon.dbg.checks < warmup_checks:
+            t_mon += mon.run(WARMUP_CHUNK, clock)
+            n += WARMUP_CHUNK
+        t_bare = bare.run(n, clock)
         ratios, tb, tm = [], [], []
         for i in range(pairs):
             if i % 2 == 0:
@@ -165,6 +181,7 @@ def paired(build: Callable, optimizer: str, every: int | str, *, device: str, pa
     q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     return {"ratio": statistics.median(ratios), "q25": q[0], "q75": q[2], "bare_ms": statistics.median(tb) * 1e3,
             "mon_ms": statistics.median(tm) * 1e3, "enter_s": mon.enter_s, "ratios": ratios,
+            "warmup_steps": n, "startup_ms": (t_mon - t_bare) * 1e3,
             "cadence": describe(mon.dbg.cadence) if mon.dbg is not None else ""}
 
 
@@ -272,6 +289,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--pairs", type=int, default=15)
     ap.add_argument("--block", type=int, default=20, help="steps per timed block")
     ap.add_argument("--warmup", type=int, default=20, help="untimed steps per arm first")
+    ap.add_argument("--warmup-checks", type=int, default=STARTUP_CHECKS,
+                    help="the monitored arm's warm-up goes on until its monitor has checked this many steps (its "
+                         "start-up, timed apart as a one-time cost; 0: --warmup steps only)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--give-optimizer", action="store_true",
@@ -311,11 +331,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 # a reference does not check every Nth step: one measurement stands for every column
                 for every in (a.every if arm in SCHEDULED else a.every[:1]):
                     r = paired(MODELS[model], opt, every, device=a.device, pairs=a.pairs, block=a.block,
-                               warmup=a.warmup, give_optimizer=a.give_optimizer, clock=clock, kind=arm)
+                               warmup=a.warmup, give_optimizer=a.give_optimizer, clock=clock, kind=arm,
+                               warmup_checks=a.warmup_checks)
                     rows.append({"model": model, "optimizer": opt, "arm": arm, "every": every, **r})
                     label = f"every={every}" if arm in SCHEDULED else arm
                     print(f"  {model} {opt} {label}: {r['ratio']:.3f}x [IQR {r['q25']:.3f}-{r['q75']:.3f}] "
-                          f"bare {r['bare_ms']:.2f} ms/step, other arm {r['mon_ms']:.2f} ms/step", flush=True)
+                          f"bare {r['bare_ms']:.2f} ms/step, other arm {r['mon_ms']:.2f} ms/step; start-up "
+                          f"{r['startup_ms']:.0f} ms over {r['warmup_steps']} warm-up steps", flush=True)
                     if every == AUTO and r["cadence"]:
                         print(f"    {r['cadence']}", flush=True)
     cols = every_columns(a.every)

@@ -246,7 +246,11 @@ class LossSummary:
 #: ``CadenceRecord.every`` of a cadence the monitor chose itself (``every="auto"``)
 CADENCE_AUTO = "auto"
 #: the interval an ``"auto"`` cadence checks at between its dense start and its first estimate
-CADENCE_PROBE = 2
+#: (a check, the step after it that runs the checked update, and unchecked steps to time)
+CADENCE_PROBE = 4
+#: every probe interval a recorded cadence may show (sessions written before the check was timed
+#: with the step after it probed every 2nd step)
+CADENCE_PROBES = frozenset({2, CADENCE_PROBE})
 
 
 @dataclass(frozen=True)
@@ -276,6 +280,18 @@ class CadenceRecord:
                 break
             interval = n
         return interval
+
+    def next_checked(self, step: int) -> int:
+        """The first step at or after ``step`` that was checked: the next multiple of the interval
+        in force, unless a change comes first (a dense window checks its first step). Where the
+        record omitted changes, the interval around them is the one kept before."""
+        while True:
+            n = self.interval_at(step)
+            multiple = -(-step // n) * n
+            later = [at for at, _ in self.changes if step < at <= multiple]
+            if not later:
+                return multiple
+            step = later[0]
 
     def max_interval(self, first: int, last: int) -> int:
         """The largest interval in force over steps ``first..last``."""

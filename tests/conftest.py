@@ -1,5 +1,3 @@
-import itertools
-
 import pytest
 import torch
 
@@ -13,11 +11,19 @@ def pytest_configure(config):
 def deterministic_cadence(monkeypatch):
     """The default cadence (``every="auto"``) picks its interval from the run's own step times,
     so a test that trains past its dense start would read other steps on a slower machine. Every
-    test's monitor times its steps on a clock that ticks once per reading instead: a check then
-    costs nothing extra and the interval stays 1 after the dense start and the probe -- the
-    same steps on every machine. ``tests/monitor/test_cadence.py`` drives the schedule with
-    clocks of its own (set after this one), and the benchmark measures the real one."""
+    test's monitor times its steps on a clock that reads the step being started instead (one
+    millisecond per step): a check then costs nothing extra and the interval is 1 after the
+    dense start and the probe -- the same steps on every machine. ``tests/monitor/test_cadence.py``
+    drives the schedule with clocks of its own (set after this one), and the benchmark measures
+    the real one."""
     from neuraldbg.monitor import cadence
 
-    ticks = itertools.count()
-    monkeypatch.setattr(cadence, "perf_counter", lambda: next(ticks) * 1e-3)
+    starting = [0]
+    start = cadence.AutoSchedule.start
+
+    def noting_start(self, step):
+        starting[0] = step
+        return start(self, step)
+
+    monkeypatch.setattr(cadence.AutoSchedule, "start", noting_start)
+    monkeypatch.setattr(cadence, "perf_counter", lambda: starting[0] * 1e-3)

@@ -12,15 +12,22 @@ in ten at every=10) reads one attribute, :attr:`next_check`, and calls nothing h
 * **A dense start.** Every step of the first :data:`DENSE_START` steps is checked: the
   initialization, the loop checks' windows and the first losses live there.
 * **Timed on the run itself.** Then the schedule measures, at step boundaries (``perf_counter``,
-  host side, no device sync added), the wall time of checked and of unchecked steps. It keeps the
+  host side, no device sync added), the wall time of checks and of unchecked steps. A check's
+  cost does not end with its step: a loop that records the loss before ``optimizer.step()`` runs
+  the checked update (the step-size probe, the update's non-finite check) in the next step's
+  span. So a check is timed *with the step after it* (:func:`check_cost`: the two steps' time
+  less two unchecked steps), and an unchecked step only when the step before it was unchecked
+  too: the step two after a check is started on the full path to take that time. It keeps the
   last :data:`TIMING_WINDOW` samples of each and reads a robust mean of them (samples above
   :data:`CLIP` times the window's median are clipped there: a validation pass run between two
-  steps is not the check's cost, the periodic host transfer is). The interval is
-  ``N = ceil((t_checked - t_unchecked) / (overhead * t_unchecked))``, clamped to
-  ``[1, MAX_INTERVAL]`` (:func:`interval_for`): one checked step in N then adds at most
-  ``overhead`` to the mean step time. The checked steps are the multiples of N, as at
-  ``every=N`` (a snapshot ring's spacing lines up with them). Until the first estimate it checks every
-  :data:`PROBE_INTERVAL`-th step (unchecked steps must exist to be timed), then estimates again
+  steps is not the check's cost, the periodic host transfer is; an unchecked step's time is
+  the median of its samples, since nothing of the monitor's recurs there). The interval is
+  ``N = ceil((1 + BAND) * extra / (overhead * t_unchecked))``, clamped to ``[1, MAX_INTERVAL]``
+  (:func:`interval_for` at the budget less the hysteresis band below): one checked step in N
+  then adds at most ``overhead`` to the mean step time, as long as the interval stays within
+  the band. The checked steps are the multiples of N, as at ``every=N`` (a snapshot ring's spacing
+  lines up with them). Until the first estimate it checks every :data:`PROBE_INTERVAL`-th step
+  (a check, the step after it, and unchecked steps after that to time), then estimates again
   every :data:`REESTIMATE_CHECKS` checked steps, moving only when the new interval leaves a band
   of :data:`BAND` around the current one (:func:`with_hysteresis`), so noise does not make it
   oscillate.
@@ -115,6 +122,14 @@ def interval_for(t_checked: float, t_unchecked: float, overhead: float, most: in
     return max(1, min(most, n))
 
 
+def check_cost(t_span: float, span: float, t_unchecked: float) -> float:
+    """The extra time of one check from the mean per-step time ``t_span`` of the spans that hold
+    a check and its tail (``span`` steps each on average: the checked step and the step after
+    it, whose span runs the checked update) and the unchecked step's ``t_unchecked``:
+    ``span * (t_span - t_unchecked)``. Pure."""
+    return span * (t_span - t_unchecked)
+
+
 def with_hysteresis(current: int, proposed: int, band: float = BAND) -> int:
     """``proposed`` when it leaves the band around ``current`` (more than ``1 + band`` times
     larger or smaller), else ``current``: an estimate that wobbles with the timing noise keeps
@@ -128,24 +143,30 @@ def robust_mean(samples: Iterable[float], clip: float = CLIP) -> float:
     """The mean of ``samples`` with each one above ``clip`` times their median counted as that
     (NaN for none): the periodic host transfer of a checked step counts, a validation pass run
     between two steps counts only so far."""
+    xs = list(samples)
+    if not xs:
+        return math.nan
+    cap = clip * median(xs)
+    return sum(min(x, cap) for x in xs) / len(xs)
+
+
+def median(samples: Iterable[float]) -> float:
+    """The median of ``samples`` (NaN for none). Pure."""
     xs = sorted(samples)
     if not xs:
         return math.nan
     n = len(xs)
-    med = xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
-    cap = clip * med
-    return sum(min(x, cap) for x in xs) / n
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
 def spike_threshold(recent: Iterable[float], factor: float = SPIKE_FACTOR, least: int = SPIKE_MIN_LOSSES) -> float:
     """The loss above which a loss is a spike: ``factor`` times the median of the ``recent``
     finite losses; infinite (no spike can be told) with fewer than ``least`` of them or a median
     that is not positive (a loss that can be negative has no scale to be a multiple of)."""
-    xs = sorted(recent)
+    xs = list(recent)
     if len(xs) < least:
         return math.inf
-    n = len(xs)
-    med = xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+    med = median(xs)
     return factor * med if med > 0 else math.inf
 
 
@@ -196,6 +217,9 @@ class FixedSchedule:
         #: the first step after the last one started that will be checked (step 0, the monitor's
         #: first buffer, is checked)
         self.next_check = every
+        #: the next step that must be started here (the monitor's fast path skips the others)
+        self.next_start = every
+        self.checks = 1  # checked steps so far (step 0 is)
         self._record = _Record(0, every)
         self._started = False
 
@@ -205,8 +229,10 @@ class FixedSchedule:
             self._started = True
             if step != 1:  # the loop numbers its own steps: its first is where the record starts
                 self._record.changes[0] = (step, self.every)
-        self.next_check = (step // self.every + 1) * self.every
-        return step % self.every == 0
+        self.next_check = self.next_start = (step // self.every + 1) * self.every
+        checked = step % self.every == 0
+        self.checks += checked
+        return checked
 
     def interval_now(self, step: int) -> int:
         """The interval in force at the current ``step``."""
@@ -256,6 +282,9 @@ class AutoSchedule:
         #: steps before this one are checked one by one (the start window, or after an anomaly)
         self.dense_until = DENSE_START
         self.next_check = 1
+        #: the next step that must be started here: the next check, or the step two after a check
+        #: (timed, :meth:`start`); the monitor's fast path skips the others
+        self.next_start = 1
         self.last_checked = 0
         self.run_start = 0       # the first step of the run of consecutive checks ending at last_checked
         self.checks = 1          # checked steps so far (step 0 is)
@@ -265,8 +294,11 @@ class AutoSchedule:
         self._started = False
         self._t_start = math.nan  # the clock when ``current`` started
         self._timed_from = DENSE_START  # samples of steps before this one are not representative
+        #: per-step time of the spans that hold a check and the step after it, and their length
         self._checked_times: deque[float] = deque(maxlen=TIMING_WINDOW)
+        self._check_spans: deque[int] = deque(maxlen=TIMING_WINDOW)
         self._unchecked_times: deque[float] = deque(maxlen=TIMING_WINDOW)
+        self._pair_from: tuple[int, float] | None = None  # (checked step, its start) awaiting its tail
         self._estimated = False
         self._since_estimate = 0
         self._recent: deque[float] = deque(maxlen=SPIKE_WINDOW)
@@ -280,18 +312,18 @@ class AutoSchedule:
         the interval every few checks (once per checked step and per first unchecked step after
         one: the fast path of the other unchecked steps never comes here)."""
         now = self.clock()
+        checked = step < self.dense_until or step >= self.next_check
         if not self._started:
             self._started = True
             self.dense_until = max(self.dense_until, step + DENSE_START)
             self._timed_from = self.dense_until
+            checked = True
             if step != self.current + 1:  # the loop numbers its own steps: its first starts the window
                 self._record.changes[0] = (step, 1)
-        elif step > self.current >= self._timed_from:
-            # the step that ended (and the unchecked ones after it, on the fast path), per step
-            dt = (now - self._t_start) / (step - self.current)
-            (self._checked_times if self.current == self.last_checked else self._unchecked_times).append(dt)
+        elif step > self.current >= self._timed_from - 1:
+            # from the last check of the start window on: its tail is the first timed step
+            self._time(step, now, checked)
         self.current, self._t_start = step, now
-        checked = step < self.dense_until or step >= self.next_check
         if checked:
             if self.last_checked != step - 1:
                 self.run_start = step
@@ -306,14 +338,45 @@ class AutoSchedule:
             interval = 1 if dense else self.interval
             if interval != self._record.changes[-1][1]:
                 self._record.change(step + 1, interval)
+        # the step after this one is started here anyway when this one is checked (its buffer is
+        # closed in full); the step two after a check is, to time the check's tail
+        self.next_start = min(self.next_check, step + 1) if self._pair_from is not None else self.next_check
         return checked
+
+    def _time(self, step: int, now: float, checked: bool) -> None:
+        """File the time of the span that ended at ``step`` (the last step started, and the
+        unchecked ones after it on the fast path): a check with the step after it (one sample of
+        the check's cost), or unchecked steps after an unchecked one."""
+        prev, span = self.current, now - self._t_start
+        if prev == self.last_checked:
+            if checked and step == prev + 1:  # back-to-back checks: each span holds one check's work
+                self._checked_times.append(span)
+                self._check_spans.append(1)
+                self._pair_from = None
+            else:  # its update runs in the next step's span: timed together, at the next start
+                self._pair_from = (prev, self._t_start)
+        elif self._pair_from is not None:
+            first, t0 = self._pair_from
+            self._checked_times.append((now - t0) / (step - first))
+            self._check_spans.append(step - first)
+            self._pair_from = None
+        else:
+            self._unchecked_times.append(span / (step - prev))
 
     def _estimate(self, step: int) -> None:
         """A new interval from the timings, when there are enough of both kinds."""
         if len(self._checked_times) < MIN_SAMPLES or len(self._unchecked_times) < MIN_SAMPLES:
             return
-        t_c, t_u = robust_mean(self._checked_times), robust_mean(self._unchecked_times)
-        proposed = interval_for(t_c, t_u, self.budget)
+        # the unchecked step's time is their median: nothing of the monitor's recurs on them,
+        # and whatever else runs between two steps (an evaluation, a checkpoint, another
+        # model's steps) would make a check look free; a check's own periodic cost (the host
+        # transfer) does recur, so its samples are averaged
+        t_u = median(self._unchecked_times)
+        span = sum(self._check_spans) / len(self._check_spans)
+        t_c = t_u + check_cost(robust_mean(self._checked_times), span, t_u)
+        # aimed at the budget's lower side by the band, so that an interval kept within the band
+        # of the estimate still holds the budget (overhead between 1 / (1 + BAND)^2 and 1 of it)
+        proposed = interval_for(t_c, t_u, self.budget / (1 + BAND))
         new = with_hysteresis(self.interval, proposed) if self._estimated else proposed
         self._estimated = True
         self._since_estimate = 0
@@ -354,6 +417,7 @@ class AutoSchedule:
         self.dense_until = until
         if now + 1 < self.next_check:
             self.next_check = now + 1
+        self.next_start = min(self.next_start, self.next_check)
         if fresh and self._record.changes[-1][1] != 1:
             self._record.change(now + 1, 1)
             self._record.alarm(step, now + 1, why)

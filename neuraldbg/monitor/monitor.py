@@ -182,6 +182,11 @@ class NeuralDbg(MonitorResults, EventFeed):
         return self._cadence.interval_now(self._step)
 
     @property
+    def checks(self) -> int:
+        """How many steps were checked so far (the monitor's first buffer, step 0, included)."""
+        return self._cadence.checks
+
+    @property
     def cadence(self) -> CadenceRecord:
         """Which steps were checked so far: the setting, the budget, the interval from each step
         on and the anomalies that made an ``"auto"`` cadence dense again (the session keeps it)."""
@@ -323,9 +328,10 @@ class NeuralDbg(MonitorResults, EventFeed):
         hooks = self._hooks
         buf = hooks.buf
         nxt = self._step + 1
-        # the schedule decided at the last full start which step is checked next (its next_check
-        # only moves at a full start, or earlier when an anomaly makes the cadence dense)
-        if (buf.active or nxt >= self._cadence.next_check or hooks.batch_empty or not buf.blank()
+        # the schedule decided at the last full start which step it must start next: the next
+        # check, or the step two after a check, which times the check's tail (next_start only
+        # moves at a full start, or earlier when an anomaly makes the cadence dense)
+        if (buf.active or nxt >= self._cadence.next_start or hooks.batch_empty or not buf.blank()
                 or self._parts.hears_unchecked_steps):
             return False
         self._closed_active = False

@@ -2,7 +2,7 @@
 :class:`~neuraldbg.trace.CadenceRecord`, chosen by ``neuraldbg/monitor/cadence.py``). Pure."""
 from __future__ import annotations
 
-from neuraldbg.trace import CADENCE_AUTO as AUTO, CADENCE_PROBE as PROBE_INTERVAL, CadenceRecord
+from neuraldbg.trace import CADENCE_AUTO as AUTO, CADENCE_PROBES, CadenceRecord
 
 
 def ordinal(n: int) -> str:
@@ -35,7 +35,7 @@ def describe(record: CadenceRecord | None) -> str:
     # the dense windows after anomalies are said below, with their cause
     dense_after = {at for _, at, _ in record.alarms}
     sparse = [n for s, n in changes[1:] if s not in dense_after] or [1]
-    if len(sparse) > 1 and changes[1][1] == PROBE_INTERVAL:
+    if len(sparse) > 1 and changes[1][1] in CADENCE_PROBES:
         sparse = sparse[1:]  # the probe's steps, checked while the first timings came in
     text = f"Checked every step for the first {start} steps, then "
     lo, hi, last = min(sparse), max(sparse), sparse[-1]

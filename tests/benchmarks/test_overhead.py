@@ -22,6 +22,18 @@ def test_paired_blocks_give_one_ratio_per_pair(kind):
     assert r["bare_ms"] > 0 and r["mon_ms"] > 0
 
 
+def test_the_warm_up_runs_the_monitors_start_up_and_times_it_apart():
+    """The start-up (the first checks' extra work, the first transfer that builds the detectors)
+    is a one-time cost: the monitored arm warms up until its monitor has made that many checks,
+    the bare arm as many steps, and the extra time is reported beside the ratio."""
+    r = O.paired(O.MODELS["deep100"], "sgd", 4, device="cpu", pairs=1, block=2, warmup=3, warmup_checks=6)
+    # 3 steps, then chunks of 16 until 6 checks (step 0's buffer and steps 4, 8, 12, 16, 20)
+    assert r["warmup_steps"] == 3 + O.WARMUP_CHUNK + O.WARMUP_CHUNK
+    assert isinstance(r["startup_ms"], float)
+    plain = O.paired(O.MODELS["deep100"], "sgd", 4, device="cpu", pairs=1, block=2, warmup=3)
+    assert plain["warmup_steps"] == 3  # without warmup_checks: the steps asked for only
+
+
 def test_the_default_cadence_is_measured_with_every_auto():
     import argparse
 

@@ -71,9 +71,10 @@ def test_ordinals():
 
 
 def test_the_cadence_is_said_in_one_line():
-    rec = CadenceRecord("auto", 0.03, ((0, 1), (33, 2), (51, 7), (213, 1), (229, 7)), ((212, 213, "loss spike"),))
+    rec = CadenceRecord("auto", 0.03, ((0, 1), (33, 4), (65, 7), (213, 1), (229, 7)), ((212, 213, "loss spike"),))
     assert describe(rec) == ("Checked every step for the first 33 steps, then every 7th step (budget 3 %); dense "
                              "again after the loss spike at step 212.")
+    # a session written when the probe checked every 2nd step says the same
     rec = CadenceRecord("auto", 0.05, ((0, 1), (33, 2), (51, 12), (300, 22)),
                         ((212, 213, "loss spike"), (400, 401, "non-finite loss")))
     assert describe(rec) == ("Checked every step for the first 33 steps, then every 22nd step (from every 12th step "
@@ -91,6 +92,9 @@ def test_the_record_answers_the_interval_at_a_step():
                                                                                           7, 7]
     assert rec.max_interval(0, 20) == 1 and rec.max_interval(200, 220) == 7 and rec.max_interval(215, 225) == 1
     assert CadenceRecord(10, None, ((0, 10),)).max_interval(3, 8) == 10
+    assert [rec.next_checked(s) for s in (0, 32, 33, 34, 52, 69, 70, 200, 212, 213, 228, 229, 230)] == [
+        0, 32, 34, 34, 56, 70, 70, 203, 213, 213, 228, 231, 231]
+    assert CadenceRecord(10, None, ((0, 10),)).next_checked(31) == 40
 
 
 # ---- the schedules, driven as the monitor drives them --------------------------------------------
@@ -106,7 +110,7 @@ def drive(sched, steps, duration, start=1, now=None):
     checked = [0] if start == 1 else []
     prev = start - 1 == getattr(sched, "last_checked", 0)
     for step in range(start, steps):
-        is_checked = sched.start(step) if prev or step >= sched.next_check else False
+        is_checked = sched.start(step) if prev or step >= sched.next_start else False
         if is_checked:
             checked.append(step)
         now[0] += duration(step, is_checked)
@@ -125,19 +129,40 @@ def test_the_first_steps_are_checked_one_by_one():
     assert C.DENSE_START == 32
     sched = AutoSchedule()
     checked = drive(sched, 5040, costs(2.0, 1.0), start=5000)  # a loop that numbers its own steps
-    assert checked[:32] == list(range(5000, 5032)) and 5033 not in checked  # then the probe, every 2nd
+    assert checked[:32] == list(range(5000, 5032)) and 5033 not in checked  # then the probe, every 4th
     assert sched.record().changes[0] == (5000, 1)
 
 
 def test_a_costly_check_is_spread_to_hold_the_budget():
     sched = AutoSchedule(0.03)
-    checked = drive(sched, 400, costs(2.0, 1.0))  # a check doubles the step: 1 / 0.03 -> every 34th
-    assert sched.interval == 34
-    # the dense start, the probe (every 2nd, to time unchecked steps), then the estimate
-    assert sched.record().changes == ((0, 1), (33, 2), (51, 34))
-    later = [s for s in checked if s > 60]
-    assert later and all(s % 34 == 0 for s in later)
+    checked = drive(sched, 400, costs(2.0, 1.0))  # a check doubles the step: 1.25 / 0.03 -> every 42nd
+    assert sched.interval == 42
+    # the dense start, the probe (every 4th: a check, its tail and unchecked steps to time), then the estimate
+    assert sched.record().changes == ((0, 1), (33, 4), (65, 42))
+    later = [s for s in checked if s > 68]
+    assert later and all(s % 42 == 0 for s in later)
     assert sched.record().budget == 0.03 and sched.record().every == "auto"
+
+
+def test_check_cost_counts_the_check_and_its_tail():
+    # a check adding 0.6 to its step and 0.4 to the next (its update) costs 1.0 over an unchecked 1.0
+    assert C.check_cost((1.6 + 1.4) / 2, 2, 1.0) == pytest.approx(1.0)
+    assert C.check_cost(2.0, 1, 1.0) == pytest.approx(1.0)  # back-to-back checks: one per span
+    assert C.check_cost(1.0, 2, 1.0) == 0.0
+
+
+def test_a_check_whose_update_runs_in_the_next_step_is_timed_whole():
+    """A loop that records the loss before ``optimizer.step()`` runs the checked update in the next
+    step's span. Split 0.5 / 0.5, the check costs as much as one doubling its own step: every 42nd."""
+    sched = AutoSchedule(0.03)
+
+    def cost(step, checked):
+        return 1.5 if checked else (1.5 if step - 1 == sched.last_checked else 1.0)
+
+    checked = drive(sched, 400, cost)
+    assert sched.interval == 42
+    later = [s for s in checked if s > 68]
+    assert later and all(s % 42 == 0 for s in later)
 
 
 def test_a_cheap_check_gets_every_step():
@@ -145,7 +170,7 @@ def test_a_cheap_check_gets_every_step():
     checked = drive(sched, 200, costs(1.02, 1.0))  # a check adds 2 %: within the 3 % budget
     assert sched.interval == 1
     assert checked[-100:] == list(range(100, 200))  # every step, from the first estimate on
-    assert sched.record().changes == ((0, 1), (33, 2), (51, 1))
+    assert sched.record().changes == ((0, 1), (33, 4), (65, 1))
 
 
 def test_the_interval_moves_only_outside_its_band():
@@ -153,17 +178,17 @@ def test_the_interval_moves_only_outside_its_band():
     phase, now = {"t": 2.0}, [0.0]
     cost = lambda s, c: phase["t"] if c else 1.0  # noqa: E731
     drive(sched, 400, cost, now=now)
-    assert sched.interval == 34
-    phase["t"] = 2.1  # 37 now: within 25 % of 34, the interval stays
+    assert sched.interval == 42
+    phase["t"] = 2.1  # 46 now: within 25 % of 42, the interval stays
     drive(sched, 3000, cost, start=400, now=now)
-    assert sched.interval == 34
-    phase["t"] = 3.0  # every 67th: outside the band
+    assert sched.interval == 42
+    phase["t"] = 3.0  # every 84th: outside the band
     drive(sched, 12000, cost, start=3000, now=now)
-    # it moved as the timings in its window left the band, up to where 67 is within it
-    assert with_hysteresis(sched.interval, 67) == sched.interval
+    # it moved as the timings in its window left the band, up to where 84 is within it
+    assert with_hysteresis(sched.interval, 84) == sched.interval
     moves = [n for _, n in sched.record().changes]
-    assert moves[:3] == [1, 2, 34] and 1 <= len(moves[3:]) <= 2 and moves[3:] == sorted(moves[3:])
-    assert moves[3] > 34 * 1.25
+    assert moves[:3] == [1, 4, 42] and 1 <= len(moves[3:]) <= 2 and moves[3:] == sorted(moves[3:])
+    assert moves[3] > 42 * 1.25
     drive(sched, 40000, cost, start=12000, now=now)  # steady: no more moves
     assert [n for _, n in sched.record().changes] == moves
 
@@ -171,7 +196,7 @@ def test_the_interval_moves_only_outside_its_band():
 def test_a_larger_budget_checks_more_often():
     sched = AutoSchedule(0.5)
     drive(sched, 200, costs(2.0, 1.0))
-    assert sched.interval == 2  # 1 / 0.5
+    assert sched.interval == 3  # 1.25 / 0.5, aimed below the budget by the band
 
 
 def test_a_fixed_interval_checks_the_multiples_as_always():
@@ -187,16 +212,16 @@ def test_a_fixed_interval_checks_the_multiples_as_always():
 def test_an_alarm_makes_the_cadence_dense_again():
     sched, now = AutoSchedule(0.03), [0.0]
     drive(sched, 313, costs(2.0, 1.0), now=now)
-    assert sched.interval == 34
+    assert sched.interval == 42
     assert sched.alarm(310, 312, "loss spike")  # the anomaly at step 310, noticed at step 312
     assert sched.next_check == 313
     assert not sched.alarm(305, 312, "loss spike")  # an earlier step than the one acted on
     checked = drive(sched, 400, costs(2.0, 1.0), start=313, now=now)
     assert checked[:16] == list(range(313, 313 + C.DENSE_AFTER_ANOMALY))
-    assert 329 not in checked and checked[16] == 340  # then every 34th again, on the multiples
+    assert 329 not in checked and checked[16] == 336  # then every 42nd again, on the multiples
     rec = sched.record()
     assert rec.alarms == ((310, 313, "loss spike"),)
-    assert rec.changes[-2:] == ((313, 1), (329, 34))
+    assert rec.changes[-2:] == ((313, 1), (329, 42))
     assert describe(rec).endswith("dense again after the loss spike at step 310.")
 
 
@@ -300,9 +325,9 @@ def test_a_monitored_run_with_a_costly_check_spreads_its_checks(monkeypatch, see
     train(model, dbg, 200)
     checked = [st.step for st in seen if st.names]
     assert checked[:33] == list(range(33))  # the dense start
-    assert dbg.cadence.changes == ((0, 1), (33, 2), (51, 34))
-    assert [s for s in checked if s > 60] == [68, 102, 136, 170]
-    assert dbg.interval == 34
+    assert dbg.cadence.changes == ((0, 1), (33, 4), (65, 42))
+    assert [s for s in checked if s > 60] == [64, 84, 126, 168]  # the probe's last, then every 42nd
+    assert dbg.interval == 42
     assert dbg.trace().loss.n == 200  # every step's loss is still recorded
     assert dbg.signatures().as_dict()["every"] == 1  # the first steps were checked one by one
 
@@ -310,8 +335,8 @@ def test_a_monitored_run_with_a_costly_check_spreads_its_checks(monkeypatch, see
 def test_a_monitored_run_with_a_cheap_check_checks_every_step(monkeypatch, seen):
     model, dbg = watched(monkeypatch, checked=1.01, unchecked=1.0)
     train(model, dbg, 120)
-    assert dbg.cadence.changes == ((0, 1), (33, 2), (51, 1))
-    assert [st.step for st in seen if st.names][-69:] == list(range(51, 120))
+    assert dbg.cadence.changes == ((0, 1), (33, 4), (65, 1))
+    assert [st.step for st in seen if st.names][-55:] == list(range(65, 120))
 
 
 def test_a_float_loss_spike_makes_the_next_steps_dense(monkeypatch, seen):
@@ -321,7 +346,7 @@ def test_a_float_loss_spike_makes_the_next_steps_dense(monkeypatch, seen):
     assert list(range(151, 151 + C.DENSE_AFTER_ANOMALY)) == [s for s in checked if 150 < s <= 166]
     assert 167 not in checked
     assert dbg.cadence.alarms == ((150, 151, C.LOSS_SPIKE),)
-    assert (151, 1) in dbg.cadence.changes and (167, 34) in dbg.cadence.changes
+    assert (151, 1) in dbg.cadence.changes and (167, 42) in dbg.cadence.changes
 
 
 def test_a_nonfinite_tensor_loss_is_judged_once_on_the_host(monkeypatch, seen):
@@ -332,9 +357,9 @@ def test_a_nonfinite_tensor_loss_is_judged_once_on_the_host(monkeypatch, seen):
     train(model, dbg, 260, loss_at=lambda step, loss: bad if step == 150 else loss)
     (step, dense_from, why), = dbg.cadence.alarms
     assert step == 150 and why == C.NONFINITE_LOSS
-    assert dense_from == 171  # the loss reached the host with checked step 170
+    assert dense_from == 169  # the loss reached the host with checked step 168
     checked = [st.step for st in seen if st.names]
-    assert list(range(171, 187)) == [s for s in checked if 170 < s < 187]
+    assert list(range(169, 185)) == [s for s in checked if 168 < s < 185]
 
 
 def test_the_onset_of_an_acute_event_makes_the_cadence_dense(monkeypatch):
@@ -357,8 +382,8 @@ def test_the_cadence_is_recorded_in_the_session(monkeypatch, tmp_path):
     train(model, dbg, 260, loss_at=lambda step, loss: 50.0 if step == 150 else float(loss.detach()))
     doc = dbg.session_dict()
     assert doc["version"] == SCHEMA_VERSION == 6
-    assert doc["cadence"] == {"every": "auto", "budget": 0.03, "changes": [[0, 1], [33, 2], [51, 34], [151, 1],
-                                                                           [167, 34]],
+    assert doc["cadence"] == {"every": "auto", "budget": 0.03, "changes": [[0, 1], [33, 4], [65, 42], [151, 1],
+                                                                           [167, 42]],
                               "alarms": [[150, 151, "loss spike"]], "changes_omitted": 0, "alarms_omitted": 0}
     trace, _ = trace_from_dict(doc)
     assert trace.cadence == dbg.cadence == dbg.trace().cadence
@@ -391,7 +416,7 @@ def test_a_version_5_session_reads_without_a_cadence_and_a_bad_one_is_refused():
 def test_resumed_parts_join_their_cadences():
     from neuraldbg.distributed import concat_cadences
 
-    a = CadenceRecord("auto", 0.03, ((0, 1), (33, 2), (51, 7)), ((40, 41, "loss spike"),))
+    a = CadenceRecord("auto", 0.03, ((0, 1), (33, 4), (65, 7)), ((40, 41, "loss spike"),))
     b = CadenceRecord("auto", 0.05, ((500, 1), (533, 2)))
     joined = concat_cadences(a, b)
     assert joined.changes == a.changes + b.changes and joined.alarms == a.alarms and joined.budget == 0.05

@@ -342,7 +342,8 @@ def test_a_rotated_layer_that_stays_dead_is_one_episode():
         model[4].bias.fill_(-100.0)  # the ReLU after it never fires
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(0)
-    with NeuralDbg(model, config=DetectorConfig(rotate_modules_above=4, rotation_max_shares=4)) as dbg:
+    # every step checked: the layer is seen on every 4th check, 15 times
+    with NeuralDbg(model, every=1, config=DetectorConfig(rotate_modules_above=4, rotation_max_shares=4)) as dbg:
         assert dbg._hooks.shares == 4
         train_steps(model, opt, dbg, 60, gen)
     dead = [e for e in dbg.events if e.kind == "dead" and e.layer == "5"]
