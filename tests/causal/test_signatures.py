@@ -153,6 +153,26 @@ def test_nonfinite_loss_with_finite_network_points_at_the_targets():
     assert ev.observed["data_nan"] == "inside_sudden"
 
 
+def test_regression_a_nonfinite_loss_at_an_unchecked_step_is_no_target_evidence():
+    """Under a sparse cadence a loss turned non-finite at a step the monitor did not check: its
+    inputs and outputs were never seen, so "finite while the loss was not" is unknown (a NaN born
+    inside a U-Net at such a step read as corrupted targets)."""
+    from dataclasses import replace
+
+    from neuraldbg.trace import CadenceRecord
+
+    losses = [1.0 - 0.01 * i for i in range(30)] + [math.nan] + [0.7] * 9
+    base = trace(losses=losses, nonfinite_step=30, events=[
+        make_event(OPTIMIZER, "divergence", None, 30, 5.0, {"nonfinite": 1.0}),
+        make_event(DATA, "nan", "fc1", 31, 6.0, {"at_input": 0.0})])
+    sparse = CadenceRecord("auto", 0.03, ((0, 1), (20, 4), (31, 1)), ((30, 31, "non-finite loss"),))
+    ev = extract(replace(base, cadence=sparse))
+    assert "target_fault" not in ev.observed
+    assert "step 30, which was not checked" in ev.unobserved["target_fault"]
+    checked = CadenceRecord("auto", 0.03, ((0, 1), (20, 5), (31, 1)))  # step 30 is a multiple of 5
+    assert extract(replace(base, cadence=checked)).observed["target_fault"] == "nonfinite_loss_first"
+
+
 def test_nonfinite_loss_after_blow_up_is_not_a_target_fault():
     losses = [1.0] * 20 + [50.0, 500.0, math.inf]
     tr = trace(losses=losses, nonfinite_step=22, events=[

@@ -205,10 +205,17 @@ def target_fault(view: TraceView) -> Reading | None:
         data_before = [e for e in events if e.type == DATA and e.kind in ("nan", "inf") and e.step <= s]
         unstable = [e for e in events if e.step < s and ((e.type, e.kind) == (GRADIENT, "exploding") or (
             e.type == OPTIMIZER and e.kind in ("spike", "divergence") and not e.measured.get("nonfinite")))]
-        if not data_before and not unstable:
-            return Reading("nonfinite_loss_first", (),
-                           f"the loss turned non-finite at step {s} while inputs and layer outputs were finite")
-        return Reading("absent")
+        if data_before or unstable:
+            return Reading("absent")
+        seen = s if trace.cadence is None else trace.cadence.next_checked(s)
+        if seen != s:
+            # an unchecked step showed no input or output; what the next check shows may already
+            # be the non-finite loss's own doing (its update poisons the weights)
+            return Reading(None, reason=f"the loss turned non-finite at step {s}, which was not checked: whether "
+                                        f"its inputs and layer outputs were finite is unknown (the next check was "
+                                        f"step {seen})", gap=True)
+        return Reading("nonfinite_loss_first", (),
+                       f"the loss turned non-finite at step {s} while inputs and layer outputs were finite")
     if has_trait(trace.family, "non_monotone"):
         return Reading(None, reason=f"a {trace.family} loss does not fall monotonically: a return to chance "
                                     "means nothing")
