@@ -91,6 +91,10 @@ def suggested_fix(trace: Trace, ev: Evidence, cause: str, state: str, layer: str
         return (f"Re-initialize {at} and the layers after it with Kaiming (ReLU) or Xavier "
                 "(tanh/sigmoid) initialization at the default scale.")
     if (cause, state) == ("initialization", "too_large"):
+        if ev.observed.get("saturation") == "init_softmax":
+            return (f"Re-initialize the layers that feed {at} (an attention's query and key projections, or the "
+                    "output head of a softmax) at the default scale, and keep the attention's 1/sqrt(head_dim) "
+                    "scaling: the softmax was one-hot before the first update, so it passes almost no gradient.")
         return (f"Re-initialize {at} with Kaiming/Xavier at the default scale; the oversized "
                 "weights blow up the forward pass from the first step.")
     if (cause, state) == ("data", "corrupted"):

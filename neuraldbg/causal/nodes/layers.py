@@ -50,6 +50,9 @@ LOSS_FLOOR = 0.05
 #: events is evidence only when the model has such modules
 BOUNDED_TYPES = frozenset({"Sigmoid", "Tanh", "Hardtanh", "Hardsigmoid", "Softsign", "Softmax"})
 RELU_TYPES = frozenset({"ReLU", "ReLU6"})
+#: bounded activations whose saturation at init reads ``init_softmax``: a softmax that is one-hot
+#: before any update (attention rows, a probability head)
+SOFTMAX_TYPES = frozenset({"Softmax", "Softmax2d", "Softmin"})
 #: activation modules of torch (and, by the suffix, of libraries: ``GELUActivation``): a model
 #: with none of them applies its activations as functions (``F.relu``), which no hook sees
 ACTIVATION_TYPES = RELU_TYPES | BOUNDED_TYPES | frozenset({
@@ -199,12 +202,16 @@ def saturation(view: TraceView) -> Reading | None:
     if at_init(view, first.step):
         early = [x for x in sat if at_init(view, x.step)]
         coupled = [x for x in early if any(near(x, v) for v in van)]
-        state = view.phase("init_vanishing" if coupled else "init")
+        types = {li.name: li.type for li in view.trace.layers}
+        softmax = not coupled and all(types.get(x.layer) in SOFTMAX_TYPES for x in early)
+        state = view.phase("init_vanishing" if coupled else "init_softmax" if softmax else "init")
         support = tuple(sat) + tuple(v for v in van if any(near(x, v) for x in coupled))
     else:
         state, support = "later", tuple(sat)
+    extra = {"init_vanishing": ", next to vanishing gradients",
+             "init_softmax": ": a softmax one-hot before any update, its logits too large for it"}
     note = (f"saturated activations first in {first.layer} at step {first.step}"
-            + (", next to vanishing gradients" if state == "init_vanishing" else "") + _entry_note(view, first.step))
+            + extra.get(state if isinstance(state, str) else state[0], "") + _entry_note(view, first.step))
     if state == "later" and loss_at_floor(view.trace.loss.history, first.step, chance_loss(view.signatures)):
         return Reading(None, support, note + "; not evidence: the loss is at its floor",
                        reason="saturation of a model whose loss sits at its floor is confidence, not instability")
@@ -270,12 +277,12 @@ NODES = (
         extract=vanishing,
     ),
     NoisyMax(
-        "saturation", ("absent", "later", "init", "init_vanishing"),
-        leak={"later": 0.03, "init": 0.01, "init_vanishing": 0.003},
+        "saturation", ("absent", "later", "init", "init_vanishing", "init_softmax"),
+        leak={"later": 0.03, "init": 0.01, "init_vanishing": 0.003, "init_softmax": 0.002},
         effects={
             "signal_decay=depth": {"init_vanishing": 0.45, "init": 0.10},
-            "initialization=too_large": {"init": 0.45},
-            "instability=init": {"init": 0.30, "init_vanishing": 0.10},
+            "initialization=too_large": {"init": 0.30, "init_softmax": 0.30},
+            "instability=init": {"init": 0.30, "init_vanishing": 0.10, "init_softmax": 0.10},
             "instability=training": {"later": 0.35},
             "data=shifted": {"later": 0.30},
         },
@@ -285,7 +292,12 @@ NODES = (
             "change ('later': e.g. attention collapse under a too-large step size). Weights too "
             "large push pre-activations into the tails from step 0 whether or not anything "
             "blows up (query/key weights too large: one-hot attention rows), hence the direct "
-            "edge from the initialization besides the one through instability.",
+            "edge from the initialization besides the one through instability. A softmax "
+            "one-hot before any update ('init_softmax': every saturated module at init a "
+            "softmax) has logits too large for it from the start: an untrained attention "
+            "spreads over its keys, an untrained head over its classes, whatever the data; "
+            "it is told apart from the other bounded activations, which a large input "
+            "also pins.",
         extract=saturation,
     ),
     NoisyMax(

@@ -57,3 +57,37 @@ def test_dead_units_no_function_can_show_are_a_gap_of_the_monitor():
     # a model with its ReLUs as modules observes the variable
     ev = _run(nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 64, 4)))
     assert ev.observed["dead"] == "absent"
+
+
+def _saturated_at(layers, layer, step=0):
+    from neuraldbg.events.base import ACTIVATION, make_event
+    from neuraldbg.trace import LayerInfo
+    from tiny import make_trace
+
+    infos = [LayerInfo(name, kind, i, 0) for i, (name, kind) in enumerate(layers)]
+    ev = [make_event(ACTIVATION, "saturated", layer, step, 0.9, {"saturated_frac": 0.95})]
+    return api.evidence(make_trace(events=ev, layers=infos, losses=[2.0 - 0.01 * i for i in range(40)]))
+
+
+def test_a_softmax_one_hot_at_init_reads_init_softmax_and_other_bounded_activations_init():
+    layers = [("attn.c_attn", "Linear"), ("attn.softmax", "Softmax"), ("mlp.act", "Tanh"), ("head", "Linear")]
+    ev = _saturated_at(layers, "attn.softmax")
+    assert ev.observed["saturation"] == "init_softmax" and "logits too large" in ev.notes["saturation"]
+    assert _saturated_at(layers, "mlp.act").observed["saturation"] == "init"
+    assert _saturated_at(layers, "attn.softmax", step=30).observed["saturation"] == "later"
+
+
+def test_init_softmax_is_far_stronger_evidence_for_weights_too_large_than_plain_init():
+    from neuraldbg.causal.cpd import default_cpds
+    from neuraldbg.causal.structure import default_network
+
+    net = default_network()
+    sat = default_cpds(net)["saturation"]
+    states, parents = list(sat.states), list(sat.parents)
+
+    def p(state, **at):  # every parent not named at its first state (ok, absent)
+        pos = [net.states_of(q).index(at.get(q, net.states_of(q)[0])) for q in parents]
+        return sat.values[(states.index(state), *pos)]
+
+    large, ok = p("init_softmax", initialization="too_large"), p("init_softmax")
+    assert large / ok > 100 > p("init", initialization="too_large") / p("init")
