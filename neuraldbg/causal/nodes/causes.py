@@ -211,6 +211,14 @@ def step_size(view: TraceView) -> Reading | None:
     note = (f"update/weight ratio {med:.3g} per step (median layer"
             + (f", {top:.3g} in the fastest layer" if top is not None else "")
             + (f", {peak:.3g} at its largest" if peak is not None else "") + f"; {state})")
+    from neuraldbg.causal.nodes.schedule import COLLAPSE_TWO_REGIMES, collapse_step_of
+
+    measured_by, collapse = sigs.step(STEP_RATIO_MEDIAN), collapse_step_of(view)
+    if state not in ("large", "elevated", "extreme") and collapse is not None and \
+            (measured_by is None or measured_by < collapse):
+        # steps measured at the rate before its collapse say nothing of the rate after it
+        return Reading(None, (), note, reason=COLLAPSE_TWO_REGIMES.format(collapse) + "; the step size was "
+                                                                                      "measured before it")
     if state in ("large", "elevated", "extreme") and input_scale_state(sigs.number(INPUT_RMS_MAX)) == "large" \
             and not scale_invariant(sigs.value(OPTIMIZER)):
         return Reading(None, (), note, reason=(f"the input is off-scale (feature RMS {sigs.number(INPUT_RMS_MAX):.3g}):"

@@ -272,6 +272,25 @@ def lr_schedule(view: TraceView) -> Reading | None:
     return Reading("steady", (), note)
 
 
+def lr_schedule_of(view: TraceView) -> Reading | None:
+    """:func:`lr_schedule` of ``view``, read once per view (other readings consult it)."""
+    return view.memo("lr_schedule", lr_schedule)
+
+
+def collapse_step_of(view: TraceView) -> int | None:
+    """The step the rate collapsed at, when ``lr_schedule`` reads "collapsed" (read once per
+    view): the run is then two regimes, and the readings of the whole run that assume one rate
+    (``progress``, a calm ``loss_pattern``, the step size measured before the collapse) leave
+    the part after it to this reading."""
+    r = lr_schedule_of(view)
+    return r.support[0].step if r is not None and r.state == "collapsed" and r.support else None
+
+
+#: why a reading of the whole run is unobserved after a collapse of the rate (formatted with the step)
+COLLAPSE_TWO_REGIMES = ("the learning rate collapsed at step {} with the loss far from its floor: the run is two "
+                        "regimes, and lr_schedule reads the one the collapse stopped")
+
+
 NODES = (
     Table(
         "warmup", ("present", "absent"), parents=("learning_rate",),
@@ -306,6 +325,6 @@ NODES = (
             "under a fiftieth of the run below the cut, SGDR's restarts leave the loss near its "
             "level; the leaks cover a healthy run stopped early by a decay, and a restart on a "
             "batch that happened to be hard.",
-        extract=lr_schedule,
+        extract=lr_schedule_of,
     ),
 )

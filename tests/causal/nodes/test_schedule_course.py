@@ -106,3 +106,25 @@ def test_optimizer_restart_only_on_trained_weights():
     assert read([0.05] * 100, optimizer_state_steps=0, **lr, **trained)[1] == "none"   # no shock
     assert read(resumed, optimizer_state_steps=0, **lr)[1] is None                      # at initialization
     assert read(resumed, optimizer_state_steps=0, **{**lr, "optimizer": "SGD"}, **trained)[1] is None
+
+
+def test_a_collapse_leaves_the_readings_of_one_rate_unobserved():
+    """A collapsed run is two regimes: the whole-run readings that assume one rate (progress, a
+    calm loss pattern, a step size measured before the collapse) would say 'learning at a normal
+    rate' of the part before it and outvote the collapse; they are left to lr_schedule. A steady
+    schedule keeps them."""
+    lr = {"lr_first": 1e-2, "lr_peak": 1e-2, "lr_checked": 100, "lr_warmup_steps": 0, "lr_jump_steps": [],
+          "step_ratio_median": 3e-3, "step_ratio_max": 4e-3, "step_ratio_steps": 16}
+    stuck = [CHANCE * (1 - 0.2 * min(i, 30) / 30) for i in range(100)]
+    tr = make_trace(losses=stuck, sigs={"out_features": 4, "lr_collapse_step": 30, **lr},
+                    sig_steps={"step_ratio_median": 16})
+    ev = api.evidence(tr)
+    assert ev.observed["lr_schedule"] == "collapsed"
+    for var in ("progress", "loss_pattern", "step_size"):
+        assert var not in ev.observed and "collapsed at step 30" in ev.unobserved[var]
+    steady = api.evidence(make_trace(losses=stuck, sigs={"out_features": 4, **lr}, sig_steps={"step_ratio_median": 16}))
+    assert {"progress", "loss_pattern", "step_size"} <= set(steady.observed)
+    # a step size measured after the collapse reads the collapsed rate: kept
+    late = make_trace(losses=stuck, sigs={"out_features": 4, "lr_collapse_step": 30, **lr},
+                      sig_steps={"step_ratio_median": 60})
+    assert "step_size" in api.evidence(late).observed
