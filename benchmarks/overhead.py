@@ -3,7 +3,7 @@
     python -m benchmarks.overhead [--model mlp transformer deep100 deep500 bert] [--optimizer sgd adam]
                                   [--every 1 10 auto] [--pairs 15] [--block 20] [--device cpu|cuda] [--threads 1]
                                   [--arm monitor anomaly nullhooks onepass cockpit] [--give-optimizer]
-                                  [--clock wall|thread]
+                                  [--warmup N] [--warmup-checks N] [--clock wall|thread]
     python -m benchmarks.overhead --scaling [--layers 500 1000 2000]
     python -m benchmarks.overhead --entry [--layers 100 250 500 1000]
 
@@ -15,8 +15,11 @@ interquartile range of ``--pairs`` samples. ``--give-optimizer`` hands the optim
 monitor (its step-size probe copies the weights on the first 16 checked steps). ``--every auto``
 measures the default cadence (``every="auto"``: every step of the first 32, then an interval the
 monitor chooses to hold its 3 % budget); its row also says which intervals the monitor chose
-over the pairs' steps. Its warm-up counts: the dense start and the first estimates fall there
-when ``--warmup`` is long enough (64 steps or more), else in the first timed blocks.
+over the pairs' steps. The monitored arm warms up for ``--warmup`` steps and then until its
+monitor has checked ``--warmup-checks`` steps (default 64: its start-up, some of it counted in
+checks -- the step-size probe's copies, the update's dense non-finite checks, the first transfer
+that builds the detectors, the ``auto`` cadence's dense start and probe); the bare arm runs as
+many steps, and the extra time is reported apart as a one-time ``start-up`` cost.
 
 ``--arm`` picks what the second copy trains under: ``monitor`` (``NeuralDbg``), or a reference:
 ``anomaly`` (``torch.autograd.set_detect_anomaly(True)`` during its blocks), ``nullhooks``
