@@ -5,7 +5,7 @@ A *schedule* makes one decision per step, when the step starts (:meth:`start`): 
 Everything downstream reads that decision rather than ``step % every``: the hooks' switches, the
 optimizer hooks' quiet steps, the rotation of a deep model's output shares, the loop checks, the
 event log's gap. The monitor's fast path for an unchecked step after an unchecked step (nine steps
-in ten at every=10) reads one attribute, :attr:`next_check`, and calls nothing here.
+in ten at every=10) reads one attribute, :attr:`next_start`, and calls nothing here.
 
 ``every="auto"`` (:class:`AutoSchedule`):
 
@@ -52,6 +52,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
+from statistics import median
 from time import perf_counter
 from typing import Any, Callable, Iterable
 
@@ -148,15 +149,6 @@ def robust_mean(samples: Iterable[float], clip: float = CLIP) -> float:
         return math.nan
     cap = clip * median(xs)
     return sum(min(x, cap) for x in xs) / len(xs)
-
-
-def median(samples: Iterable[float]) -> float:
-    """The median of ``samples`` (NaN for none). Pure."""
-    xs = sorted(samples)
-    if not xs:
-        return math.nan
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
 def spike_threshold(recent: Iterable[float], factor: float = SPIKE_FACTOR, least: int = SPIKE_MIN_LOSSES) -> float:
@@ -308,8 +300,8 @@ class AutoSchedule:
 
     # ---- the decision, once per step ------------------------------------------------------
     def start(self, step: int) -> bool:
-        """Whether ``step``, starting now, is checked; times the step that ended and re-estimates
-        the interval every few checks (once per checked step and per first unchecked step after
+        """Whether ``step``, starting now, is checked; times the span that ended and re-estimates
+        the interval every few checks (once per checked step and per each of the two steps after
         one: the fast path of the other unchecked steps never comes here)."""
         now = self.clock()
         checked = step < self.dense_until or step >= self.next_check

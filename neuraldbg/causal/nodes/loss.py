@@ -217,13 +217,13 @@ def loss_pattern_reading(view: TraceView) -> Reading | None:
     on trained weights at its floor (:func:`starts_at_floor`): a fine-tune with little left to
     gain, whatever its rate. A "decreasing" loss that started near chance and still ends near
     it (:func:`near_chance_drift`) reads "slow"."""
-    from neuraldbg.causal.nodes.schedule import COLLAPSE_TWO_REGIMES, collapse_step_of  # builds on this module
+    from neuraldbg.causal.nodes.schedule import two_regimes  # builds on this module
 
     r = loss_pattern_of(view)
-    if r is not None and r.state in CALM_LOSS and (c := collapse_step_of(view)) is not None:
+    if r is not None and r.state in CALM_LOSS and (two := two_regimes(view)) is not None:
         # a calm curve of a run whose rate collapsed mixes the rate's two regimes (a fall while
         # it lasted, a stand after); the stand is lr_schedule's reading, an instability is still read
-        return Reading(None, reason=COLLAPSE_TWO_REGIMES.format(c))
+        return two
     if r is not None and r.state == "decreasing" and chance_loss(view.signatures) is None and _collapsed(view):
         # as for progress: without a chance level, a fall whose output collapsed is a constant
         # being learned; what remains observed is that the loss did not blow up
@@ -394,10 +394,10 @@ def progress(view: TraceView) -> Reading | None:
     trace = view.trace
     if has_trait(trace.family, "non_monotone"):
         return Reading(None, reason=f"a {trace.family} loss is a game: how far it fell says nothing of learning")
-    from neuraldbg.causal.nodes.schedule import COLLAPSE_TWO_REGIMES, collapse_step_of  # builds on this module
+    from neuraldbg.causal.nodes.schedule import two_regimes  # builds on this module
 
-    if (c := collapse_step_of(view)) is not None:
-        return Reading(None, reason=COLLAPSE_TWO_REGIMES.format(c))
+    if (two := two_regimes(view)) is not None:
+        return two
     vals = [v for _, v in trace.loss.history if math.isfinite(v)]
     chance = chance_loss(view.signatures)
     trained = started_trained(view.signatures)

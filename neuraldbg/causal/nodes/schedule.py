@@ -291,6 +291,13 @@ COLLAPSE_TWO_REGIMES = ("the learning rate collapsed at step {} with the loss fa
                         "regimes, and lr_schedule reads the one the collapse stopped")
 
 
+def two_regimes(view: TraceView) -> Reading | None:
+    """The unobserved reading of a whole-run variable that assumes one rate, when the rate
+    collapsed (:func:`collapse_step_of`); ``None`` when it did not."""
+    c = collapse_step_of(view)
+    return None if c is None else Reading(None, reason=COLLAPSE_TWO_REGIMES.format(c))
+
+
 NODES = (
     Table(
         "warmup", ("present", "absent"), parents=("learning_rate",),

@@ -120,14 +120,8 @@ class Numerics(Measurement):
 
     def summary(self) -> dict[Any, Any]:
         """The dtype, and the first non-finite gradient and weight steps where seen."""
-        out: dict[Any, Any] = {}
-        if self._dtype is not None:
-            out[WEIGHTS_DTYPE] = self._dtype
-        if self._grad_step is not None:
-            out[NONFINITE_GRAD_STEP] = self._grad_step
-        weights = self._weights_step()
-        if weights is not None:
-            out[NONFINITE_WEIGHTS_STEP] = weights
+        out: dict[Any, Any] = {} if self._dtype is None else {WEIGHTS_DTYPE: self._dtype}
+        out.update(self.steps())  # a non-finite step is its own value
         return out
 
     def steps(self) -> dict[Any, int]:
