@@ -53,8 +53,9 @@ Where each applies (see ``applies``):
 - the schedule and resume faults (``benchmarks/ecosystem/schedules.py``), on ``torch_tabular`` and
   ``torch_encoder``: ``scheduler_per_batch`` (root ``learning_rate``, too low; a ``StepLR`` meant
   for epochs stepped every batch, onset where the rate reaches 1e-3 of its peak: ``onset_of``);
-  ``resume_without_state`` (too high, onset 0, ``torch_encoder`` only: pre-trained for one run's
-  length at 10x the recipe's rate, resumed under a fresh AdamW with the cosine back at its peak)
+  ``resume_without_state`` (too high, onset 0, ``torch_encoder`` only: pre-trained for three
+  runs' lengths at 10x the recipe's rate (``schedules.PRETRAIN_FRAC``), resumed under a fresh
+  AdamW with the cosine back at its peak)
   and its twin ``resume_with_state`` (healthy: the
   optimizer's state and the scheduler's position restored with ``load_state_dict``); and the
   healthy controls ``schedule_linear_to_zero`` and ``schedule_warm_restarts`` (SGDR). A fault's

@@ -23,8 +23,13 @@ from benchmarks.ecosystem.training import Task, adamw, cosine_lambda, train_unmo
 
 #: epochs-as-steps of the per-batch StepLR: its step_size is this share of the run
 STEP_LR_SHARE = 1 / 12
-#: pre-training before a resume, as a share of the monitored run's steps
-PRETRAIN_FRAC = 1.0
+#: pre-training before a resume, as a share of the monitored run's steps: three runs' lengths, so
+#: that the checkpoint sits late in its cosine (at 0.15 of the peak rate), where a run that goes
+#: on with everything restored is the healthy end of a healthy schedule. Checkpointed at its
+#: middle instead (one run's length, 5e-3 and falling), the encoder at its floor clustered loss
+#: spikes with its state restored too (5 spikes in 6 steps, a divergence window, on seed 3): the
+#: control was unstable on its own rate, not a resume done right
+PRETRAIN_FRAC = 3.0
 #: the resumes' rate, on the recipe's (pre-training and resumed run alike): 1e-2 for the plain
 #: encoder, a rate it converges at from scratch, and one at which a fresh AdamW on its trained
 #: weights takes steps that throw it off its floor (at the recipe's 1e-3 it does not)

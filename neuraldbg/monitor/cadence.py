@@ -18,21 +18,27 @@ in ten at every=10) reads one attribute, :attr:`next_start`, and calls nothing h
   span. So a check is timed *with the step after it* (:func:`check_cost`: the two steps' time
   less two unchecked steps), and an unchecked step only when the step before it was unchecked
   too: the step two after a check is started on the full path to take that time. It keeps the
-  last :data:`TIMING_WINDOW` samples of each and reads a robust mean of them (samples above
-  :data:`CLIP` times the window's median are clipped there: a validation pass run between two
-  steps is not the check's cost, the periodic host transfer is; an unchecked step's time is
-  the median of its samples, since nothing of the monitor's recurs there). The interval is
-  ``N = ceil((1 + BAND) * extra / (overhead * t_unchecked))``, clamped to ``[1, MAX_INTERVAL]``
-  (:func:`interval_for` at the budget less the hysteresis band below): one checked step in N
-  then adds at most ``overhead`` to the mean step time, as long as the interval stays within
-  the band. The checked steps are the multiples of N, as at ``every=N`` (a snapshot ring's spacing
-  lines up with them). Until the first estimate it checks every :data:`PROBE_INTERVAL`-th step
-  (a check, the step after it, and unchecked steps after that to time), then estimates again
-  every :data:`REESTIMATE_CHECKS` checked steps, moving only when the new interval leaves a band
-  of :data:`BAND` around the current one (:func:`with_hysteresis`), so noise does not make it
-  oscillate.
+  last :data:`TIMING_WINDOW` samples of each and reads a robust mean of them (below); an
+  unchecked step's time is the median of its samples, since nothing of the monitor's recurs
+  there. The interval is ``N = ceil((1 + BAND) * extra / (overhead * t_unchecked))``, clamped to
+  ``[1, MAX_INTERVAL]`` (:func:`interval_for` at the budget less the hysteresis band below): one
+  checked step in N then adds at most ``overhead`` to the mean step time, as long as the
+  interval stays within the band. A check right after another (in a dense window, or at
+  ``N = 1``) is timed apart: it finds its buffers and caches warm and can cost less than an
+  isolated one, so mixing the two would size a sparse interval by checks it will not pay for.
+  Every step is checked when a hot check fits the budget; a sparser interval is sized by its
+  isolated checks (:func:`choose_interval`). The monitor's host transfer (one per
+  ``sync_every`` checks) is timed apart and spread over the checks, so that a span far longer
+  than its kind's median (:data:`CLIP`) can be told as a pause between steps (a validation pass,
+  another model's steps) and counted as the median. The checked steps are the multiples of N,
+  as at ``every=N`` (a snapshot ring's spacing lines up with them). Until the first estimate it
+  checks every :data:`PROBE_INTERVAL`-th step (a check, the step after it, and unchecked steps
+  after that to time), then estimates again every :data:`REESTIMATE_CHECKS` checked steps,
+  moving only when the new interval leaves a band of :data:`BAND` around the current one
+  (:func:`with_hysteresis`), so noise does not make it oscillate.
 * **Dense again after an anomaly.** A non-finite loss, a loss spike (above :data:`SPIKE_FACTOR`
-  times the median of the last :data:`SPIKE_WINDOW` finite losses), or the onset of an acute
+  times the median of the last :data:`SPIKE_WINDOW` finite losses, and :data:`SPIKE_MIN_JUMP` of
+  the first losses' level above it, as the loss detector's spikes), or the onset of an acute
   detector event (:data:`ALARM_EVENTS`) checks every step for the next
   :data:`DENSE_AFTER_ANOMALY` steps. Losses are judged on the host only: a Python float when it
   is recorded, a tensor when the monitor's own transfer brings it there (never a sync of its own).
@@ -79,8 +85,9 @@ TIMING_WINDOW = 32
 MIN_SAMPLES = 8
 #: checked steps between two estimates
 REESTIMATE_CHECKS = 8
-#: a sample above ``CLIP`` times its window's median counts as ``CLIP`` times it
-CLIP = 8.0
+#: a sample above ``CLIP`` times its window's median counts as the median: a check with its tail
+#: that long (three steps' time more than the usual pair) is a gap between steps, not the check
+CLIP = 4.0
 #: hysteresis: a new estimate moves the interval only when it is more than ``1 + BAND`` times
 #: larger or smaller than the current one
 BAND = 0.25
@@ -88,8 +95,13 @@ BAND = 0.25
 SPIKE_FACTOR = 3.0
 #: finite losses the spike threshold is the median of
 SPIKE_WINDOW = 20
-#: finite losses before a spike can be told
+#: finite losses before a spike can be told; the median of the first ones is the run's start level
 SPIKE_MIN_LOSSES = 5
+#: a spike also rises this share of the start level above the recent median: the loss detector's
+#: ``spike_min_jump``, so that the checks go dense where a spike event can follow. A loss near
+#: its floor triples on a batch it gets wrong (a 12-layer BERT fitting its batches, at 0.01,
+#: did every 16 steps: dense windows end to end, the cost of every step under "auto")
+SPIKE_MIN_JUMP = 0.5
 #: ``(type, kind)`` of the detector events whose onset makes the cadence dense again: acute ones
 #: (a persistent regime, dead units or a plateau, would keep it dense for nothing)
 ALARM_EVENTS = frozenset({("optimizer_instability", "spike"), ("optimizer_instability", "divergence"),
@@ -131,6 +143,23 @@ def check_cost(t_span: float, span: float, t_unchecked: float) -> float:
     return span * (t_span - t_unchecked)
 
 
+def choose_interval(sparse: float | None, hot: float | None, t_unchecked: float, overhead: float,
+                    most: int = MAX_INTERVAL) -> int:
+    """The interval from the extra time of an isolated check (``sparse``, with its tail) and of a
+    check right after another (``hot``), either unknown (None), over an unchecked step of
+    ``t_unchecked``. A check can cost more alone than in a run of checks (its buffers, caches
+    and allocator cold), so every step is checked
+    when a hot check fits ``overhead`` (:func:`interval_for` gives 1), and a sparser interval is
+    sized by what its isolated checks cost. With only hot checks timed (a run checked every step
+    since), their cost is the one known. Pure."""
+    if hot is not None and interval_for(t_unchecked + hot, t_unchecked, overhead, most) == 1:
+        return 1
+    extra = sparse if sparse is not None else hot
+    if extra is None:
+        raise ValueError("choose_interval needs the cost of an isolated check or of a hot one")
+    return interval_for(t_unchecked + extra, t_unchecked, overhead, most)
+
+
 def with_hysteresis(current: int, proposed: int, band: float = BAND) -> int:
     """``proposed`` when it leaves the band around ``current`` (more than ``1 + band`` times
     larger or smaller), else ``current``: an estimate that wobbles with the timing noise keeps
@@ -141,25 +170,39 @@ def with_hysteresis(current: int, proposed: int, band: float = BAND) -> int:
 
 
 def robust_mean(samples: Iterable[float], clip: float = CLIP) -> float:
-    """The mean of ``samples`` with each one above ``clip`` times their median counted as that
-    (NaN for none): the periodic host transfer of a checked step counts, a validation pass run
-    between two steps counts only so far."""
+    """The mean of ``samples`` with each one above ``clip`` times their median counted as the
+    median (NaN for none): a span that long holds something else than the check (a validation
+    pass or another model's steps between two steps); the monitor's own periodic cost, the host
+    transfer, is timed apart and never in them. Pure."""
     xs = list(samples)
     if not xs:
         return math.nan
-    cap = clip * median(xs)
-    return sum(min(x, cap) for x in xs) / len(xs)
+    med = median(xs)
+    return sum(x if x <= clip * med else med for x in xs) / len(xs)
 
 
-def spike_threshold(recent: Iterable[float], factor: float = SPIKE_FACTOR, least: int = SPIKE_MIN_LOSSES) -> float:
+def spike_threshold(recent: Iterable[float], start: float | None = None, factor: float = SPIKE_FACTOR,
+                    least: int = SPIKE_MIN_LOSSES, jump: float = SPIKE_MIN_JUMP) -> float:
     """The loss above which a loss is a spike: ``factor`` times the median of the ``recent``
-    finite losses; infinite (no spike can be told) with fewer than ``least`` of them or a median
-    that is not positive (a loss that can be negative has no scale to be a multiple of)."""
+    finite losses, and at least ``jump`` times ``|start|`` (the level of the run's first losses)
+    above that median; infinite (no spike can be told) with fewer than ``least`` of them or a
+    median that is not positive (a loss that can be negative has no scale to be a multiple of).
+    Pure."""
     xs = list(recent)
     if len(xs) < least:
         return math.inf
     med = median(xs)
-    return factor * med if med > 0 else math.inf
+    if not med > 0:
+        return math.inf
+    return max(factor * med, med + jump * abs(start)) if start is not None else factor * med
+
+
+def _no_time() -> float:
+    return 0.0
+
+
+def _ms(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{seconds * 1e3:.3g}"
 
 
 # ---- schedules ----------------------------------------------------------------------------
@@ -265,9 +308,12 @@ class AutoSchedule:
 
     every = AUTO
 
-    def __init__(self, overhead: float = DEFAULT_OVERHEAD, clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, overhead: float = DEFAULT_OVERHEAD, clock: Callable[[], float] | None = None,
+                 busy: Callable[[], float] | None = None) -> None:
         self.budget = overhead
         self.clock = clock if clock is not None else perf_counter
+        #: cumulative seconds of the monitor's host transfers (timed apart: :meth:`_estimate`)
+        self.busy = busy if busy is not None else _no_time
         #: the sparse interval (the probe's until the first estimate); dense windows check every step
         self.interval = PROBE_INTERVAL
         self.entry_interval = 1
@@ -285,15 +331,22 @@ class AutoSchedule:
         self.spike_above = math.inf
         self._started = False
         self._t_start = math.nan  # the clock when ``current`` started
+        self._b_start = 0.0       # the transfers' time when ``current`` started
+        self._busy_from: tuple[float, int] | None = None  # (transfers' time, checks) when timing began
         self._timed_from = DENSE_START  # samples of steps before this one are not representative
-        #: per-step time of the spans that hold a check and the step after it, and their length
+        #: per-step time of the spans that hold an isolated check and the step after it, and their
+        #: length; and of back-to-back checks (a dense window, or every step), one check each
         self._checked_times: deque[float] = deque(maxlen=TIMING_WINDOW)
         self._check_spans: deque[int] = deque(maxlen=TIMING_WINDOW)
+        self._hot_times: deque[float] = deque(maxlen=TIMING_WINDOW)
         self._unchecked_times: deque[float] = deque(maxlen=TIMING_WINDOW)
-        self._pair_from: tuple[int, float] | None = None  # (checked step, its start) awaiting its tail
+        #: (checked step, its start, whether it was an isolated check) awaiting its tail
+        self._pair_from: tuple[int, float, bool] | None = None
         self._estimated = False
         self._since_estimate = 0
         self._recent: deque[float] = deque(maxlen=SPIKE_WINDOW)
+        self._first: list[float] = []      # the first finite losses, whose median is the start level
+        self._start: float | None = None
         self._bad_through = -2      # the last step whose loss was an anomaly
         self._alarmed_through = -1  # the last anomaly's step that was acted on
         self._record = _Record(0, 1)
@@ -303,7 +356,7 @@ class AutoSchedule:
         """Whether ``step``, starting now, is checked; times the span that ended and re-estimates
         the interval every few checks (once per checked step and per each of the two steps after
         one: the fast path of the other unchecked steps never comes here)."""
-        now = self.clock()
+        now, busy = self.clock(), self.busy()
         checked = step < self.dense_until or step >= self.next_check
         if not self._started:
             self._started = True
@@ -314,8 +367,8 @@ class AutoSchedule:
                 self._record.changes[0] = (step, 1)
         elif step > self.current >= self._timed_from - 1:
             # from the last check of the start window on: its tail is the first timed step
-            self._time(step, now, checked)
-        self.current, self._t_start = step, now
+            self._time(step, now, busy, checked)
+        self.current, self._t_start, self._b_start = step, now, busy
         if checked:
             if self.last_checked != step - 1:
                 self.run_start = step
@@ -335,46 +388,62 @@ class AutoSchedule:
         self.next_start = min(self.next_check, step + 1) if self._pair_from is not None else self.next_check
         return checked
 
-    def _time(self, step: int, now: float, checked: bool) -> None:
+    def _time(self, step: int, now: float, busy: float, checked: bool) -> None:
         """File the time of the span that ended at ``step`` (the last step started, and the
-        unchecked ones after it on the fast path): a check with the step after it (one sample of
-        the check's cost), or unchecked steps after an unchecked one."""
-        prev, span = self.current, now - self._t_start
+        unchecked ones after it on the fast path), less the host transfers in it (counted apart):
+        a check with the step after it (one sample of the check's cost), or unchecked steps after
+        an unchecked one."""
+        if self._busy_from is None:
+            self._busy_from = (self._b_start, self.checks)
+        prev, span = self.current, (now - self._t_start) - (busy - self._b_start)
         if prev == self.last_checked:
             if checked and step == prev + 1:  # back-to-back checks: each span holds one check's work
-                self._checked_times.append(span)
-                self._check_spans.append(1)
+                self._hot_times.append(span)
                 self._pair_from = None
             else:  # its update runs in the next step's span: timed together, at the next start
-                self._pair_from = (prev, self._t_start)
+                # (the last check of a run of checks is warm, and not an isolated one's cost)
+                self._pair_from = (prev, self._t_start - self._b_start, self.run_start == prev)
         elif self._pair_from is not None:
-            first, t0 = self._pair_from
-            self._checked_times.append((now - t0) / (step - first))
-            self._check_spans.append(step - first)
+            first, t0, isolated = self._pair_from
+            if isolated:
+                self._checked_times.append(((now - busy) - t0) / (step - first))
+                self._check_spans.append(step - first)
             self._pair_from = None
         else:
             self._unchecked_times.append(span / (step - prev))
 
     def _estimate(self, step: int) -> None:
-        """A new interval from the timings, when there are enough of both kinds."""
-        if len(self._checked_times) < MIN_SAMPLES or len(self._unchecked_times) < MIN_SAMPLES:
+        """A new interval from the timings, when there are enough unchecked samples and enough
+        of one kind of check (:func:`choose_interval`)."""
+        if len(self._unchecked_times) < MIN_SAMPLES:
             return
         # the unchecked step's time is their median: nothing of the monitor's recurs on them,
         # and whatever else runs between two steps (an evaluation, a checkpoint, another
         # model's steps) would make a check look free; a check's own periodic cost (the host
         # transfer) does recur, so its samples are averaged
         t_u = median(self._unchecked_times)
-        span = sum(self._check_spans) / len(self._check_spans)
-        t_c = t_u + check_cost(robust_mean(self._checked_times), span, t_u)
+        # the host transfers (one per sync_every checks) are the checks' cost too, timed apart so
+        # that a gap between two steps can be told from them: their time per check since timing began
+        b0, c0 = self._busy_from if self._busy_from is not None else (self.busy(), self.checks)
+        transfer = max(0.0, self.busy() - b0) / max(1, self.checks - c0)
+        sparse = hot = None
+        if len(self._checked_times) >= MIN_SAMPLES:
+            span = sum(self._check_spans) / len(self._check_spans)
+            sparse = check_cost(robust_mean(self._checked_times), span, t_u) + transfer
+        if len(self._hot_times) >= MIN_SAMPLES:
+            hot = check_cost(robust_mean(self._hot_times), 1, t_u) + transfer
+        if sparse is None and hot is None:
+            return
         # aimed at the budget's lower side by the band, so that an interval kept within the band
         # of the estimate still holds the budget (overhead between 1 / (1 + BAND)^2 and 1 of it)
-        proposed = interval_for(t_c, t_u, self.budget / (1 + BAND))
+        proposed = choose_interval(sparse, hot, t_u, self.budget / (1 + BAND))
         new = with_hysteresis(self.interval, proposed) if self._estimated else proposed
         self._estimated = True
         self._since_estimate = 0
         if new != self.interval:
-            log.debug("neuraldbg: checked step %.3g ms, unchecked %.3g ms: checking every %d steps from step %d "
-                      "(budget %g)", t_c * 1e3, t_u * 1e3, new, step + 1, self.budget)
+            log.debug("neuraldbg: a check adds %s ms alone, %s ms after another, to an unchecked %.3g ms: checking "
+                      "every %d steps from step %d (budget %g)", _ms(sparse), _ms(hot), t_u * 1e3, new, step + 1,
+                      self.budget)
             self.interval = new
 
     def interval_now(self, step: int) -> int:
@@ -430,7 +499,11 @@ class AutoSchedule:
         if step <= self._bad_through:
             return  # a float already judged when it was recorded: its window entry comes once, here
         self._recent.append(value)
-        self.spike_above = spike_threshold(self._recent)
+        if len(self._first) < SPIKE_MIN_LOSSES:
+            self._first.append(value)
+            if len(self._first) == SPIKE_MIN_LOSSES:
+                self._start = median(self._first)
+        self.spike_above = spike_threshold(self._recent, self._start)
 
     def record(self) -> CadenceRecord:
         """The cadence so far."""
@@ -439,9 +512,11 @@ class AutoSchedule:
                              changes_omitted=r.changes_omitted, alarms_omitted=r.alarms_omitted)
 
 
-def schedule_for(every: int | str, overhead: float = DEFAULT_OVERHEAD) -> FixedSchedule | AutoSchedule:
-    """The schedule of validated settings (``every`` an int >= 1 or ``"auto"``)."""
-    return AutoSchedule(overhead) if every == AUTO else FixedSchedule(every)
+def schedule_for(every: int | str, overhead: float = DEFAULT_OVERHEAD,
+                 busy: Callable[[], float] | None = None) -> FixedSchedule | AutoSchedule:
+    """The schedule of validated settings (``every`` an int >= 1 or ``"auto"``); ``busy``: the
+    cumulative seconds of the monitor's host transfers, which ``"auto"`` counts apart."""
+    return AutoSchedule(overhead, busy=busy) if every == AUTO else FixedSchedule(every)
 
 
 def check_every(every: Any) -> int | str:

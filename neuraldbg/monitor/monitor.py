@@ -130,7 +130,7 @@ class NeuralDbg(MonitorResults, EventFeed):
             resume=check_resume(resume, family), overhead=check_overhead(overhead))
         self._priors = pri
         #: the checked steps' decisions, one per step as it starts (cadence.py)
-        self._cadence = schedule_for(self.settings.every, self.settings.overhead)
+        self._cadence = schedule_for(self.settings.every, self.settings.overhead, busy=self._transfer_seconds)
         self._auto = isinstance(self._cadence, AutoSchedule)
         self._hooks = ModuleHooks(self.root, schedule=self._cadence, config=self.config, scaler=self.scaler,
                                   report=self._report, backward_started=self._backward_started,
@@ -357,6 +357,10 @@ class NeuralDbg(MonitorResults, EventFeed):
             return
         self._transfer.push(buf)  # O(1): the hooks keep the forward order as they fire
         self._parts.call_step("step_closed", buf.step, buf.active)
+
+    def _transfer_seconds(self) -> float:
+        """Host seconds spent in transfers so far (the cadence times them apart)."""
+        return self._transfer.seconds
 
     def _safe(self, fn, what: str) -> None:
         try:

@@ -10,6 +10,7 @@ compiled once per distinct step structure (cached: a training loop repeats one s
 from __future__ import annotations
 
 from itertools import chain
+from time import perf_counter
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -177,6 +178,9 @@ class HostTransfer:
         self._consume = consume
         self._layouts: dict[tuple, Layout] = {}
         self._batches: dict[tuple, tuple] = {}  # parameter batches seen (layout._read_pgrad)
+        #: host seconds spent in :meth:`drain` so far: the "auto" cadence counts them apart from
+        #: the steps they fall in (neuraldbg/monitor/cadence.py)
+        self.seconds = 0.0
 
     def push(self, buf: "StepBuffer") -> None:
         """Queue a closed step (no device work); transfer the queue once it holds
@@ -200,6 +204,13 @@ class HostTransfer:
         pending, self.pending, self._checked = self.pending, [], 0
         if not pending:
             return
+        t0 = perf_counter()
+        try:
+            self._drain(pending)
+        finally:
+            self.seconds += perf_counter() - t0
+
+    def _drain(self, pending: list) -> None:
         scalars: list[torch.Tensor] = []
         vectors: list[torch.Tensor] = []
         starts, vstarts, z_at, v_at = [], [], 0, 0

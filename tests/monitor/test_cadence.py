@@ -53,8 +53,10 @@ def test_hysteresis_keeps_the_interval_within_its_band(current, proposed, want):
     assert with_hysteresis(current, proposed) == want
 
 
-def test_the_timing_mean_clips_what_is_far_above_the_median():
-    assert C.robust_mean([1.0, 1.0, 1.0, 100.0]) == (1 + 1 + 1 + 8) / 4  # clipped at 8x the median
+def test_the_timing_mean_counts_what_is_far_above_the_median_as_the_median():
+    assert C.CLIP == 4.0
+    assert C.robust_mean([1.0, 1.0, 1.0, 100.0]) == 1.0  # a gap between steps, not the check
+    assert C.robust_mean([1.0, 1.0, 1.0, 4.0]) == 7 / 4   # at 4x the median it still counts
     assert C.robust_mean([1.0, 2.0, 3.0]) == 2.0
     assert math.isnan(C.robust_mean([]))
 
@@ -63,6 +65,18 @@ def test_the_spike_threshold_is_three_times_the_recent_median():
     assert C.spike_threshold([1.0, 2.0, 3.0, 4.0]) == math.inf  # too few losses to tell
     assert C.spike_threshold([5.0, 1.0, 2.0, 4.0, 3.0]) == 9.0
     assert C.spike_threshold([-1.0, -2.0, -3.0, -4.0, -5.0]) == math.inf  # no positive scale
+
+
+def test_a_spike_also_rises_half_the_start_level_as_the_detector_s_do():
+    from neuraldbg.config import DetectorConfig
+
+    assert C.SPIKE_MIN_JUMP == DetectorConfig().spike_min_jump == 0.5
+    floor = [0.01, 0.012, 0.009, 0.011, 0.01]
+    # a loss started at 1.39 and fitted to 0.01: 3x is 0.03, a batch's blip; the jump must be 0.695
+    assert C.spike_threshold(floor, start=1.39) == pytest.approx(0.01 + 0.695)
+    # near its start level, three times the median is the larger
+    assert C.spike_threshold([1.2, 1.3, 1.4, 1.3, 1.3], start=1.39) == pytest.approx(3.9)
+    assert C.spike_threshold(floor) == pytest.approx(0.03)  # start not known yet: the ratio alone
 
 
 def test_ordinals():
@@ -138,7 +152,7 @@ def test_a_costly_check_is_spread_to_hold_the_budget():
     checked = drive(sched, 400, costs(2.0, 1.0))  # a check doubles the step: 1.25 / 0.03 -> every 42nd
     assert sched.interval == 42
     # the dense start, the probe (every 4th: a check, its tail and unchecked steps to time), then the estimate
-    assert sched.record().changes == ((0, 1), (33, 4), (65, 42))
+    assert sched.record().changes == ((0, 1), (33, 4), (69, 42))
     later = [s for s in checked if s > 68]
     assert later and all(s % 42 == 0 for s in later)
     assert sched.record().budget == 0.03 and sched.record().every == "auto"
@@ -170,7 +184,7 @@ def test_a_cheap_check_gets_every_step():
     checked = drive(sched, 200, costs(1.02, 1.0))  # a check adds 2 %: within the 3 % budget
     assert sched.interval == 1
     assert checked[-100:] == list(range(100, 200))  # every step, from the first estimate on
-    assert sched.record().changes == ((0, 1), (33, 4), (65, 1))
+    assert sched.record().changes == ((0, 1), (33, 4), (69, 1))
 
 
 def test_the_interval_moves_only_outside_its_band():
@@ -325,8 +339,8 @@ def test_a_monitored_run_with_a_costly_check_spreads_its_checks(monkeypatch, see
     train(model, dbg, 200)
     checked = [st.step for st in seen if st.names]
     assert checked[:33] == list(range(33))  # the dense start
-    assert dbg.cadence.changes == ((0, 1), (33, 4), (65, 42))
-    assert [s for s in checked if s > 60] == [64, 84, 126, 168]  # the probe's last, then every 42nd
+    assert dbg.cadence.changes == ((0, 1), (33, 4), (69, 42))
+    assert [s for s in checked if s > 60] == [64, 68, 84, 126, 168]  # the probe's last, then every 42nd
     assert dbg.interval == 42
     assert dbg.trace().loss.n == 200  # every step's loss is still recorded
     assert dbg.signatures().as_dict()["every"] == 1  # the first steps were checked one by one
@@ -335,8 +349,8 @@ def test_a_monitored_run_with_a_costly_check_spreads_its_checks(monkeypatch, see
 def test_a_monitored_run_with_a_cheap_check_checks_every_step(monkeypatch, seen):
     model, dbg = watched(monkeypatch, checked=1.01, unchecked=1.0)
     train(model, dbg, 120)
-    assert dbg.cadence.changes == ((0, 1), (33, 4), (65, 1))
-    assert [st.step for st in seen if st.names][-55:] == list(range(65, 120))
+    assert dbg.cadence.changes == ((0, 1), (33, 4), (69, 1))
+    assert [st.step for st in seen if st.names][-51:] == list(range(69, 120))
 
 
 def test_a_float_loss_spike_makes_the_next_steps_dense(monkeypatch, seen):
@@ -382,7 +396,7 @@ def test_the_cadence_is_recorded_in_the_session(monkeypatch, tmp_path):
     train(model, dbg, 260, loss_at=lambda step, loss: 50.0 if step == 150 else float(loss.detach()))
     doc = dbg.session_dict()
     assert doc["version"] == SCHEMA_VERSION == 6
-    assert doc["cadence"] == {"every": "auto", "budget": 0.03, "changes": [[0, 1], [33, 4], [65, 42], [151, 1],
+    assert doc["cadence"] == {"every": "auto", "budget": 0.03, "changes": [[0, 1], [33, 4], [69, 42], [151, 1],
                                                                            [167, 42]],
                               "alarms": [[150, 151, "loss spike"]], "changes_omitted": 0, "alarms_omitted": 0}
     trace, _ = trace_from_dict(doc)
@@ -437,3 +451,77 @@ def test_training_is_bitwise_identical_at_every_cadence(kwargs, set_step):
     assert all(torch.equal(a, b) for a, b in zip(bare.losses, watched.losses))
     assert all(torch.equal(a, b) for a, b in zip(bare.model.parameters(), watched.model.parameters()))
     assert watched.dbg.cadence.every == kwargs.get("every", "auto")
+
+
+def test_choose_interval_sizes_a_sparse_interval_by_isolated_checks():
+    # a hot check adding 2 % fits a 3 % aim: every step, however costly an isolated check
+    assert C.choose_interval(0.5, 0.02, 1.0, 0.03) == 1
+    # a hot check over the aim: the interval an isolated check needs (0.12 / 0.03 = 4), not the
+    # hot one's (0.04 / 0.03 -> 2)
+    assert C.choose_interval(0.12, 0.04, 1.0, 0.03) == 4
+    assert C.choose_interval(0.12, None, 1.0, 0.03) == 4
+    assert C.choose_interval(None, 0.04, 1.0, 0.03) == 2  # only hot checks timed so far
+    with pytest.raises(ValueError, match="isolated check or of a hot one"):
+        C.choose_interval(None, None, 1.0, 0.03)
+
+
+def test_dense_windows_do_not_make_isolated_checks_look_cheap():
+    """Regression: back-to-back checks of dense windows were averaged with isolated ones, so a
+    run with many anomalies (the overhead harness's 12-layer BERT: seven windows) sized the
+    interval between its windows by checks cheaper than those it pays for there (every 2nd
+    step; 1.04x against a 3 % budget). Here a hot check adds 10 %, an isolated one 100 %."""
+    sched = AutoSchedule(0.03)
+    now = [0.0]
+
+    def cost(step, checked):  # an isolated check doubles its step; one after another adds 10 %
+        if not checked:
+            return 1.0
+        return 1.1 if step - 1 == sched.last_checked_before else 2.0
+
+    sched.last_checked_before = -10
+
+    def tracked(step, checked):
+        t = cost(step, checked)
+        sched.last_checked_before = step if checked else sched.last_checked_before
+        return t
+
+    drive(sched, 400, tracked, now=now)
+    assert sched.interval == 42  # 1.25 / 0.03: isolated checks only so far
+    for k in range(6):  # anomalies: dense windows of hot checks
+        sched.alarm(400 + 40 * k, 400 + 40 * k, C.LOSS_SPIKE)
+        drive(sched, 440 + 40 * k, tracked, start=400 + 40 * k, now=now)
+    assert len(sched._hot_times) >= C.MIN_SAMPLES
+    drive(sched, 1200, tracked, start=640, now=now)
+    # hot checks (0.1 / 0.024 -> 5) do not fit the aim, and isolated ones size the interval
+    assert sched.interval == 42
+
+
+def test_host_transfers_count_apart_and_a_gap_between_steps_does_not_count():
+    """The monitor's host transfer (one per ``sync_every`` checks) is timed on its own and spread
+    over the checks; a pause between two steps that lands in a check's span (a validation pass,
+    another model's steps: the overhead harness's bare blocks) is not the check's cost."""
+    busy = [0.0]
+
+    def run(transfer, gap_every=None):
+        sched = AutoSchedule(0.03, busy=lambda: busy[0])
+        busy[0] = 0.0
+
+        def cost(step, checked):
+            t = 2.0 if checked else 1.0  # a check doubles its step: every 42nd without transfers
+            if checked and sched.checks % 16 == 0:  # a transfer, inside this check's span
+                busy[0] += transfer
+                t += transfer
+            if gap_every and step % gap_every == gap_every - 1:
+                t += 100.0
+            return t
+
+        drive(sched, 2000, cost)
+        return sched.interval
+
+    assert run(0.0) == 42
+    # 16 units per 16 checks: a check costs 1 more, extra 2.0 over the unchecked 1.0 -> 2.5 / 0.03
+    # = 84, within the band (the transfers so far spread over the checks so far)
+    n = run(16.0)
+    assert with_hysteresis(n, 84) == n and n > 42 * (1 + C.BAND)
+    # a 100-step pause every 97 steps lands in some checks' spans: not their cost
+    assert run(0.0, gap_every=97) == 42

@@ -111,10 +111,32 @@ def _onset(view: TraceView, events: list[Event], note: Callable[[Event], str]) -
 
 def exploding(view: TraceView) -> Reading | None:
     """First exploding-gradient event, by onset phase."""
+    from neuraldbg.causal.nodes.loss import mistakes_of  # loss.py's nodes come after these
+
     expl = view.of_kind(GRADIENT, "exploding")
     if expl:
-        return _onset(view, expl, lambda f: f"first exploding gradients in {f.layer} at step {f.step}")
+        r = _onset(view, expl, lambda f: f"first exploding gradients in {f.layer} at step {f.step}")
+        if r.state == "later" and batch_gradients(expl, mistakes_of(view)):
+            return Reading(None, r.support, r.note + "; not evidence: the gradients of the batches whose loss "
+                                                     "spikes were confident mistakes",
+                           reason="large gradients on the batches a confident model got wrong, at the steps of "
+                                  "their loss spikes only, are those batches' errors, not instability")
+        return r
     return Reading("absent") if view.grad_layers else view.unwatched(NO_GRADIENT_LAYER, gradients=True)
+
+
+def batch_gradients(events: Sequence[Event], mistakes: frozenset[int] | None) -> bool:
+    """Whether every event of ``events`` (exploding gradients) falls on a step in ``mistakes``,
+    the steps whose loss spike was a batch's confident mistakes (:func:`~neuraldbg.causal.nodes.loss.mistake_steps`):
+    each occurrence known (a merged event's first and last step, no more than two), and each
+    such a step. Pure."""
+    if not mistakes or not events:
+        return False
+    for e in events:
+        known = {e.step, e.end_step}
+        if e.count > len(known) or not known <= mistakes:
+            return False
+    return True
 
 
 def vanishing_signal(van: list[Event], view: TraceView) -> str | tuple[str, ...]:

@@ -50,6 +50,11 @@ Cut points (reasoning in ``docs/causal_model.md``):
   loss near zero jumps 50x when one example of a batch is confidently wrong, and is back at its
   floor on the next batch (a healthy 12-block post-norm encoder: 0.012 -> 0.72 -> 0.009, chance
   1.39). Every spike of an injected fault in both suites peaked above 0.9 ln K or stayed up.
+  The spikes of a merged episode are read from the loss history (:func:`excursions`: each
+  recorded loss above ``RECOVER_FACTOR`` x the median of the ``LEVEL_POINTS`` before it, the
+  spike detector's window), and every one must qualify: a healthy encoder resumed from its
+  checkpoint spikes from 5e-4 to 0.03, 0.28 and 0.05 on three single batches of 120 steps, one
+  collapsed spike event whose later peaks its measurement does not carry.
 """
 from __future__ import annotations
 
@@ -85,6 +90,7 @@ FLOOR_START = 0.5
 PROGRESS_TAIL = 0.2
 RECOVER_POINTS = 5
 RECOVER_FACTOR = 2.0
+LEVEL_POINTS = 20
 
 #: loss-pattern states that say "no instability" (a partial observation when progress is unknowable)
 CALM_LOSS = ("decreasing", "slow", "flat")
@@ -118,25 +124,71 @@ def loss_rise(trace: Trace) -> float | None:
     return max(vals) / ref if ref > 0 else None
 
 
-def confident_mistakes(spikes: Sequence[Event], history: Sequence[tuple[int, float]], chance: float | None) -> bool:
-    """Whether every loss spike in ``spikes`` is a batch's confident mistakes rather than
-    instability: a single occurrence (a merged episode's later peaks are unknown) whose loss
-    stayed below the chance level ``chance`` and after which the median of the next
-    ``RECOVER_POINTS`` recorded losses is back within ``RECOVER_FACTOR`` x the level before it
-    (the spike's window median). False without a chance level or with no spike. Pure."""
+def _back(history: Sequence[tuple[int, float]], step: int, level: float) -> bool:
+    """Whether the median of the ``RECOVER_POINTS`` losses recorded after ``step`` is finite and
+    back within ``RECOVER_FACTOR`` x ``level``."""
+    after = [v for s, v in history if s > step][:RECOVER_POINTS]
+    return (len(after) == RECOVER_POINTS and all(math.isfinite(v) for v in after)
+            and median(after) <= RECOVER_FACTOR * level)
+
+
+def excursions(history: Sequence[tuple[int, float]], start: int, end: int) -> list[tuple[int, float, float]]:
+    """``(step, loss, level)`` of each recorded loss from ``start`` to ``end`` above
+    ``RECOVER_FACTOR`` x its level, the median of the ``LEVEL_POINTS`` finite losses recorded
+    before it (the spike detector's window); a non-finite loss is always one. Pure."""
+    out = []
+    for i, (step, v) in enumerate(history):
+        if not start <= step <= end:
+            continue
+        before = [x for _, x in history[max(0, i - LEVEL_POINTS):i] if math.isfinite(x)]
+        if not before:
+            continue
+        level = median(before)
+        if not math.isfinite(v) or v > RECOVER_FACTOR * level:
+            out.append((step, v, level))
+    return out
+
+
+def mistake_steps(spikes: Sequence[Event], history: Sequence[tuple[int, float]],
+                  chance: float | None) -> frozenset[int] | None:
+    """The steps of the loss spikes in ``spikes`` when every one is a batch's confident mistakes
+    rather than instability, else None: each peaked below the chance level ``chance`` and the
+    median of the next ``RECOVER_POINTS`` recorded losses is back within ``RECOVER_FACTOR`` x the
+    level before it. A single spike is read as the event measured it (its peak, its window
+    median); the later peaks of a merged episode (``count`` > 1) are read from ``history``
+    (:func:`excursions` from its first step to its last), where every one of them must be found:
+    a history downsampled past them cannot tell. None without a chance level or with no spike. Pure."""
     if chance is None or not spikes:
-        return False
+        return None
+    steps: set[int] = set()
     for e in spikes:
         m = e.measured
         peak, level = m.get("loss"), m.get("window_median")
-        if e.count != 1 or peak is None or level is None or not peak < chance:
-            return False
-        after = [v for step, v in history if step > e.step][:RECOVER_POINTS]
-        if len(after) < RECOVER_POINTS or not all(math.isfinite(v) for v in after):
-            return False
-        if median(after) > RECOVER_FACTOR * level:
-            return False
-    return True
+        if peak is None or level is None:
+            return None
+        points = [(e.step, peak, level)] if e.count == 1 else excursions(history, e.step, e.end_step)
+        if len(points) < e.count:
+            return None
+        for step, v, lvl in points:
+            if not (math.isfinite(v) and v < chance and _back(history, step, lvl)):
+                return None
+            steps.add(step)
+    return frozenset(steps)
+
+
+def confident_mistakes(spikes: Sequence[Event], history: Sequence[tuple[int, float]], chance: float | None) -> bool:
+    """Whether every loss spike in ``spikes`` is a batch's confident mistakes rather than
+    instability (:func:`mistake_steps`). Pure."""
+    return mistake_steps(spikes, history, chance) is not None
+
+
+def mistakes_of(view: TraceView) -> frozenset[int] | None:
+    """:func:`mistake_steps` of the run's loss spikes, read once per view: the steps whose batch,
+    not the optimizer, spiked the loss (None: no spike, or one that is instability)."""
+    def read(v: TraceView) -> frozenset[int] | None:
+        spikes = [e for e in v.events if e.type == OPTIMIZER and e.kind == "spike"]
+        return mistake_steps(spikes, v.trace.loss.history, chance_loss(v.signatures))
+    return view.memo("mistake_steps", read)
 
 
 def loss_pattern(view: TraceView) -> Reading | None:
@@ -153,7 +205,7 @@ def loss_pattern(view: TraceView) -> Reading | None:
         return _game_pattern(trace, div, spikes)
     if div:
         return Reading("divergence", tuple(div), f"loss diverges from step {div[0].step}")
-    if spikes and not confident_mistakes(spikes, loss.history, chance_loss(view.signatures)):
+    if spikes and mistakes_of(view) is None:
         return Reading("spike", tuple(spikes), f"loss spike at step {spikes[0].step}")
     r = _calm_pattern(loss, opt)
     if not spikes or r.state is None:

@@ -106,3 +106,78 @@ def test_a_loss_that_stopped_near_chance_is_stalled_and_one_on_its_way_down_is_n
     assert progress_state(DRIFT_BAND - 0.01, True, pace=math.inf) == "learning"
     assert progress_state(NEAR_CHANCE, True, pace=0.1) == "stalled"  # within 10 %: never healthy
     assert progress_state(0.85, False, pace=math.inf) == "learning"  # against its own start: STALLED
+
+
+# Regression: a healthy encoder resumed from its checkpoint with every state restored spiked
+# from 5e-4 to 0.03, 0.28 and 0.05 on three single batches of 120 steps, each gone on the next;
+# the monitor merged them into one spike event (count 3) whose later peaks it does not carry,
+# and the run read learning_rate/too_high with its exploding gradients of the same batches.
+FLOOR = 5e-4
+
+
+def _floor_curve(peaks: dict[int, float], n: int = 120, after: dict[int, float] | None = None) -> list[float]:
+    xs = [FLOOR] * n
+    for i, v in peaks.items():
+        xs[i] = v
+    for i, v in (after or {}).items():
+        xs[i] = v
+    return xs
+
+
+def _episode(first: int, last: int, count: int, peak: float) -> Event:
+    ev = make_event(OPTIMIZER, "spike", None, first, 12.0, {"loss": peak, "robust_z": 12.0, "window_median": FLOOR})
+    return Event(type=OPTIMIZER, kind="spike", layer=None, step=first, end_step=last, count=count,
+                 severity=12.0, values=ev.values)
+
+
+PEAKS = {30: 0.03, 80: 0.28, 110: 0.05}
+
+
+def test_a_merged_episode_s_later_peaks_are_read_from_the_history():
+    from neuraldbg.causal.nodes.loss import LEVEL_POINTS, excursions, mistake_steps
+
+    assert LEVEL_POINTS == 20  # the spike detector's window (NeuralDbgConfig.spike_window)
+    hist = _history(_floor_curve(PEAKS))
+    # every loss above 2x the median of the 20 before it: the three peaks, each with its level
+    assert excursions(hist, 30, 110) == [(30, 0.03, FLOOR), (80, 0.28, FLOOR), (110, 0.05, FLOOR)]
+    assert excursions(hist, 31, 79) == []
+    episode = _episode(30, 110, 3, 0.03)
+    assert mistake_steps([episode], hist, CHANCE) == frozenset(PEAKS)
+    assert confident_mistakes([episode], hist, CHANCE)
+    # a later peak at chance level, or one the loss stays up after (0.002 = 4x the floor for
+    # the next five batches), is instability, although the first peak alone was a mistake
+    assert mistake_steps([episode], _history(_floor_curve({**PEAKS, 80: 1.5})), CHANCE) is None
+    stays_up = {i: 0.002 for i in range(81, 86)}
+    assert mistake_steps([episode], _history(_floor_curve(PEAKS, after=stays_up)), CHANCE) is None
+    # an occurrence the history does not hold (downsampled past it) cannot be read
+    assert mistake_steps([_episode(30, 110, 4, 0.03)], hist, CHANCE) is None
+    # the last peak at the run's last batches: what followed is unknown
+    late = _history(_floor_curve({30: 0.03, 117: 0.05}))
+    assert mistake_steps([_episode(30, 117, 2, 0.03)], late, CHANCE) is None
+
+
+def test_loss_pattern_reads_a_run_of_single_batch_mistakes_calm():
+    r = loss_pattern(_view(_floor_curve(PEAKS), [_episode(30, 110, 3, 0.03)], out_features=4))
+    assert r.state == "flat" and "confident mistakes" in r.note
+
+
+def test_exploding_gradients_of_the_mistaken_batches_only_are_no_evidence():
+    from neuraldbg.causal.nodes.layers import batch_gradients, exploding
+    from neuraldbg.events.base import GRADIENT
+
+    def expl(step: int, end: int | None = None, count: int = 1, layer: str = "fc1") -> Event:
+        return Event(type=GRADIENT, kind="exploding", layer=layer, step=step, end_step=end, count=count, severity=3.0)
+
+    mistakes = frozenset(PEAKS)
+    assert batch_gradients([expl(30), expl(80, layer="fc2"), expl(30, 80, count=2)], mistakes)
+    assert not batch_gradients([expl(30), expl(31)], mistakes)           # a step whose batch was no mistake
+    assert not batch_gradients([expl(30, 110, count=3)], mistakes)       # a merged event's middle unknown
+    assert not batch_gradients([expl(30)], None) and not batch_gradients([], mistakes)
+
+    episode = _episode(30, 110, 3, 0.03)
+    view = _view(_floor_curve(PEAKS), [episode, expl(30), expl(80)], out_features=4)
+    r = exploding(view)
+    assert r.state is None and "confident mistakes" in r.note
+    # the same gradients beside a spike that is instability (a peak at chance) are evidence
+    view = _view(_floor_curve({**PEAKS, 80: 1.5}), [episode, expl(30), expl(80)], out_features=4)
+    assert exploding(view).state == "later"
