@@ -15,7 +15,7 @@ from typing import Any
 
 from neuraldbg.causal import evidence as _evidence
 from neuraldbg.causal import hypotheses as _hyp
-from neuraldbg.causal.compiled import CompiledNetwork
+from neuraldbg.causal.compiled import HEALTHY_KEY, CompiledNetwork
 from neuraldbg.causal.couplings import couplings as _couplings
 from neuraldbg.causal.cpd import build_cpds
 from neuraldbg.causal.priors import Priors, load_priors
@@ -78,8 +78,10 @@ def _setup(trace: Trace, priors: Any) -> tuple[CompiledNetwork, _evidence.Eviden
 def impossible(trace: Trace) -> dict[tuple[str, str], str]:
     """The root states ``trace`` lacks the preconditions of (``neuraldbg/causal/nodes/``,
     ``PRECONDITIONS``), each with why: they have probability 0 whatever else the run shows, so
-    that no hypothesis rests on evidence its own cause does not produce."""
+    that no hypothesis rests on evidence its own cause does not produce. ``HEALTHY_KEY`` among
+    them when the run cannot be healthy (a loss that stays near chance level: ``never_healthy``)."""
     from neuraldbg.causal.nodes import preconditions
+    from neuraldbg.causal.nodes.loss import never_healthy
 
     view = TraceView(trace)
     out: dict[tuple[str, str], str] = {}
@@ -87,6 +89,8 @@ def impossible(trace: Trace) -> dict[tuple[str, str], str]:
         why = pre.lacks(view)
         if why is not None:
             out[(pre.cause, pre.state)] = f"{pre.needs}: {why}"
+    if (why := never_healthy(view)) is not None:
+        out[HEALTHY_KEY] = why
     return out
 
 

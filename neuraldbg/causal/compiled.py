@@ -17,6 +17,9 @@ import numpy as np
 from neuraldbg.causal.cpd import Cpd
 from neuraldbg.causal.structure import Network
 
+#: the ``exclude`` entry that rules out every root ok: a run that cannot be healthy (api.impossible)
+HEALTHY_KEY = ("healthy", "yes")
+
 
 class ImpossibleEvidence(ValueError):
     """The evidence has probability zero under every hidden state (only with fitted zeros)."""
@@ -183,7 +186,8 @@ class CompiledNetwork:
     def posterior(self, evidence: Mapping[str, str | Sequence[str]], exclude: Iterable[tuple[str, str]] = ()
                   ) -> tuple[dict[str, dict[str, float]], float]:
         """Root marginals ``{var: {state: p}}`` and ``P(healthy)`` for one evidence dict;
-        ``exclude``: root states the run makes impossible (probability 0, the rest renormalized)."""
+        ``exclude``: root states the run makes impossible (probability 0, the rest renormalized),
+        and :data:`HEALTHY_KEY` for every root ok."""
         joint = self.root_joint_posterior(evidence, exclude).reshape(self.root_cards)
         marg = {}
         for i, v in enumerate(self._root_names):
@@ -197,6 +201,9 @@ class CompiledNetwork:
         the hidden states of any excluded ``(root, state)``."""
         lj = self.log_joint_one(evidence)
         for var, state in exclude:
+            if (var, state) == HEALTHY_KEY:
+                lj[self.healthy_mask] = -np.inf
+                continue
             lj[self.index[var] == self.states[var].index(state)] = -np.inf
         return self.sum_latents(self._normalize(lj))
 

@@ -111,31 +111,39 @@ def _onset(view: TraceView, events: list[Event], note: Callable[[Event], str]) -
 
 def exploding(view: TraceView) -> Reading | None:
     """First exploding-gradient event, by onset phase."""
-    from neuraldbg.causal.nodes.loss import mistakes_of  # loss.py's nodes come after these
-
     expl = view.of_kind(GRADIENT, "exploding")
     if expl:
         r = _onset(view, expl, lambda f: f"first exploding gradients in {f.layer} at step {f.step}")
-        if r.state == "later" and batch_gradients(expl, mistakes_of(view)):
-            return Reading(None, r.support, r.note + "; not evidence: the gradients of the batches whose loss "
-                                                     "spikes were confident mistakes",
-                           reason="large gradients on the batches a confident model got wrong, at the steps of "
-                                  "their loss spikes only, are those batches' errors, not instability")
+        if r.state == "later" and batch_gradients(expl, view.trace.loss.history, chance_loss(view.signatures)):
+            return Reading(None, r.support, r.note + "; not evidence: the gradients of batches a confident model "
+                                                     "got wrong, its loss back at its floor on the next ones",
+                           reason="large gradients only on the batches whose loss jumped below chance level and "
+                                  "was back at once are those batches' errors, not instability")
         return r
     return Reading("absent") if view.grad_layers else view.unwatched(NO_GRADIENT_LAYER, gradients=True)
 
 
-def batch_gradients(events: Sequence[Event], mistakes: frozenset[int] | None) -> bool:
-    """Whether every event of ``events`` (exploding gradients) falls on a step in ``mistakes``,
-    the steps whose loss spike was a batch's confident mistakes (:func:`~neuraldbg.causal.nodes.loss.mistake_steps`):
-    each occurrence known (a merged event's first and last step, no more than two), and each
-    such a step. Pure."""
-    if not mistakes or not events:
+def batch_gradients(events: Sequence[Event], history: Sequence[tuple[int, float]], chance: float | None) -> bool:
+    """Whether every event of ``events`` (exploding gradients) falls on a step whose loss was one
+    batch's confident mistakes (:func:`~neuraldbg.causal.nodes.loss.mistaken_batch`): each
+    occurrence known (a merged event's first and last step, no more than two), and each such a
+    step. A model at its floor has tiny gradients; a batch it gets partly wrong (the loss 2x or
+    50x its floor, still far below chance) has gradients many times their recent level, and the
+    next batches show the weights unharmed. Pure."""
+    from neuraldbg.causal.nodes.loss import mistaken_batch  # loss.py builds on this module
+
+    if not events or chance is None:
         return False
+    seen: dict[int, bool] = {}
     for e in events:
         known = {e.step, e.end_step}
-        if e.count > len(known) or not known <= mistakes:
+        if e.count > len(known):
             return False
+        for step in known:
+            if step not in seen:
+                seen[step] = mistaken_batch(history, step, chance)
+            if not seen[step]:
+                return False
     return True
 
 

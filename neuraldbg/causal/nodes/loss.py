@@ -149,6 +149,18 @@ def excursions(history: Sequence[tuple[int, float]], start: int, end: int) -> li
     return out
 
 
+def mistaken_batch(history: Sequence[tuple[int, float]], step: int, chance: float | None) -> bool:
+    """Whether the loss recorded at ``step`` is one batch's confident mistakes: an excursion
+    (:func:`excursions`) that stayed finite and below the chance level ``chance``, the median of
+    the next ``RECOVER_POINTS`` recorded losses back within ``RECOVER_FACTOR`` x its level. False
+    without a chance level, or when ``step`` is no excursion (or was not recorded). Pure."""
+    if chance is None:
+        return False
+    points = excursions(history, step, step)
+    return bool(points) and all(math.isfinite(v) and v < chance and _back(history, s, level)
+                                for s, v, level in points)
+
+
 def mistake_steps(spikes: Sequence[Event], history: Sequence[tuple[int, float]],
                   chance: float | None) -> frozenset[int] | None:
     """The steps of the loss spikes in ``spikes`` when every one is a batch's confident mistakes
@@ -547,3 +559,17 @@ NODES = (
         extract=progress,
     ),
 )
+
+
+def never_healthy(view: TraceView) -> str | None:
+    """Why the run cannot be healthy, or None: a classifier whose loss stays near chance level
+    (``progress`` reads "stalled" against ``ln K``) did not learn, whatever else it shows, so
+    ``P(healthy)`` is 0 and the stall goes to the causes that can make it (``unexplained``
+    among them). Without a chance level a stall is read against the run's own start, which a
+    healthy run can stay near, so it rules nothing out."""
+    if chance_loss(view.signatures) is None:
+        return None
+    r = view.memo("progress", progress)
+    if r is None or r.state != "stalled":
+        return None
+    return f"a run whose loss stays near chance level is never healthy ({r.note})"

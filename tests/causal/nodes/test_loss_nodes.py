@@ -162,22 +162,60 @@ def test_loss_pattern_reads_a_run_of_single_batch_mistakes_calm():
 
 
 def test_exploding_gradients_of_the_mistaken_batches_only_are_no_evidence():
+    """Regression: the healthy resumed encoder also exploded in its embedding at step 39, whose
+    batch took the loss from 5e-4 to 1.1e-3 (no spike event: far below half the start level)."""
     from neuraldbg.causal.nodes.layers import batch_gradients, exploding
+    from neuraldbg.causal.nodes.loss import mistaken_batch
     from neuraldbg.events.base import GRADIENT
 
     def expl(step: int, end: int | None = None, count: int = 1, layer: str = "fc1") -> Event:
         return Event(type=GRADIENT, kind="exploding", layer=layer, step=step, end_step=end, count=count, severity=3.0)
 
-    mistakes = frozenset(PEAKS)
-    assert batch_gradients([expl(30), expl(80, layer="fc2"), expl(30, 80, count=2)], mistakes)
-    assert not batch_gradients([expl(30), expl(31)], mistakes)           # a step whose batch was no mistake
-    assert not batch_gradients([expl(30, 110, count=3)], mistakes)       # a merged event's middle unknown
-    assert not batch_gradients([expl(30)], None) and not batch_gradients([], mistakes)
+    peaks = {**PEAKS, 39: 2.2 * FLOOR}
+    hist = _history(_floor_curve(peaks))
+    assert all(mistaken_batch(hist, s, CHANCE) for s in peaks)
+    assert not mistaken_batch(hist, 31, CHANCE)                       # no excursion there
+    assert not mistaken_batch(hist, 39, None)                         # no chance level
+    assert not mistaken_batch(_history(_floor_curve({**peaks, 80: 1.5})), 80, CHANCE)   # at chance
+    stays_up = {i: 0.002 for i in range(81, 86)}
+    assert not mistaken_batch(_history(_floor_curve(peaks, after=stays_up)), 80, CHANCE)  # stayed up
+    assert not mistaken_batch(_history(_floor_curve({117: 0.05})), 117, CHANCE)        # nothing after it
+
+    assert batch_gradients([expl(30), expl(39, layer="embed"), expl(80, layer="fc2"), expl(30, 80, count=2)],
+                           hist, CHANCE)
+    assert not batch_gradients([expl(30), expl(31)], hist, CHANCE)      # a step whose batch was no mistake
+    assert not batch_gradients([expl(30, 110, count=3)], hist, CHANCE)  # a merged event's middle unknown
+    assert not batch_gradients([expl(30)], hist, None) and not batch_gradients([], hist, CHANCE)
 
     episode = _episode(30, 110, 3, 0.03)
-    view = _view(_floor_curve(PEAKS), [episode, expl(30), expl(80)], out_features=4)
+    view = _view(_floor_curve(peaks), [episode, expl(30), expl(39), expl(80)], out_features=4)
     r = exploding(view)
-    assert r.state is None and "confident mistakes" in r.note
-    # the same gradients beside a spike that is instability (a peak at chance) are evidence
-    view = _view(_floor_curve({**PEAKS, 80: 1.5}), [episode, expl(30), expl(80)], out_features=4)
+    assert r.state is None and "got wrong" in r.note
+    # the same gradients beside a loss that went to chance level and stayed are evidence
+    view = _view(_floor_curve({**peaks, 80: 1.5}, after=stays_up), [episode, expl(30), expl(80)], out_features=4)
     assert exploding(view).state == "later"
+
+
+def test_a_loss_that_stays_near_chance_is_never_healthy():
+    """Regression: the zoo's residual-free transformer ends at 0.89x chance after 200 steps with
+    vanishing gradients; a latent signal decay's leak under every root ok explained it as a
+    healthy run (P(healthy) 0.49, above architecture/unstable 0.44). A stall against chance level
+    rules out the healthy run (never_healthy), as a precondition rules out a root state."""
+    from neuraldbg.causal.compiled import HEALTHY_KEY
+    from neuraldbg.causal.nodes.loss import never_healthy
+
+    k = 4
+    chance = math.log(k)
+    stalled = [chance * (1.0 - 0.05 * i / 199) for i in range(200)]    # 1.39 -> 0.95x chance: stalled
+    learned = [chance * math.exp(-i / 40) + 0.05 for i in range(200)]  # far below chance
+    assert never_healthy(_view(stalled, out_features=k)) is not None
+    assert "never healthy" in never_healthy(_view(stalled, out_features=k))
+    assert never_healthy(_view(learned, out_features=k)) is None
+    # against its own start (no chance level), a flat loss rules nothing out
+    assert never_healthy(_view(stalled)) is None
+
+    post = api.posterior(make_trace(losses=stalled, sigs={"out_features": k}))
+    assert post.p_healthy == 0.0 and HEALTHY_KEY in post.ruled_out
+    assert sum(post["unexplained"].values()) == pytest.approx(1.0)
+    post = api.posterior(make_trace(losses=learned, sigs={"out_features": k}))
+    assert post.p_healthy > 0.5 and HEALTHY_KEY not in post.ruled_out
