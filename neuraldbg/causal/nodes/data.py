@@ -30,7 +30,8 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from neuraldbg.causal.nodes.loss import MIN_LOSS_POINTS, median
+from neuraldbg.causal.nodes.floor import median
+from neuraldbg.causal.nodes.loss import MIN_LOSS_POINTS
 from neuraldbg.causal.nodes.numerics import first_nonfinite
 from neuraldbg.causal.nodes.run import chance_loss, started_trained
 from neuraldbg.causal.structure import NoisyMax, Precondition, Reading, Table

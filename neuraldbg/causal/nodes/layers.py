@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
+from neuraldbg.causal.nodes.floor import batch_gradients, head_level, median, trained_floor
 from neuraldbg.causal.nodes.run import chance_loss, started_trained
 from neuraldbg.causal.structure import NoisyMax, Reading
 from neuraldbg.causal.view import TraceView
@@ -114,37 +115,14 @@ def exploding(view: TraceView) -> Reading | None:
     expl = view.of_kind(GRADIENT, "exploding")
     if expl:
         r = _onset(view, expl, lambda f: f"first exploding gradients in {f.layer} at step {f.step}")
-        if r.state == "later" and batch_gradients(expl, view.trace.loss.history, chance_loss(view.signatures)):
+        if r.state == "later" and batch_gradients(expl, view.trace.loss.history, chance_loss(view.signatures),
+                                                  trained_floor(view)):
             return Reading(None, r.support, r.note + "; not evidence: the gradients of batches a confident model "
-                                                     "got wrong, its loss back at its floor on the next ones",
-                           reason="large gradients only on the batches whose loss jumped below chance level and "
-                                  "was back at once are those batches' errors, not instability")
+                                                     "got wrong, its loss at its floor on the next ones",
+                           reason="large gradients only on batches whose loss stayed below chance level and at its "
+                                  "floor on the next ones are those batches' errors, not instability")
         return r
     return Reading("absent") if view.grad_layers else view.unwatched(NO_GRADIENT_LAYER, gradients=True)
-
-
-def batch_gradients(events: Sequence[Event], history: Sequence[tuple[int, float]], chance: float | None) -> bool:
-    """Whether every event of ``events`` (exploding gradients) falls on a step whose loss was one
-    batch's confident mistakes (:func:`~neuraldbg.causal.nodes.loss.mistaken_batch`): each
-    occurrence known (a merged event's first and last step, no more than two), and each such a
-    step. A model at its floor has tiny gradients; a batch it gets partly wrong (the loss 2x or
-    50x its floor, still far below chance) has gradients many times their recent level, and the
-    next batches show the weights unharmed. Pure."""
-    from neuraldbg.causal.nodes.loss import mistaken_batch  # loss.py builds on this module
-
-    if not events or chance is None:
-        return False
-    seen: dict[int, bool] = {}
-    for e in events:
-        known = {e.step, e.end_step}
-        if e.count > len(known):
-            return False
-        for step in known:
-            if step not in seen:
-                seen[step] = mistaken_batch(history, step, chance)
-            if not seen[step]:
-                return False
-    return True
 
 
 def vanishing_signal(van: list[Event], view: TraceView) -> str | tuple[str, ...]:
@@ -204,13 +182,11 @@ def loss_at_floor(history: Sequence[tuple[int, float]], onset: int, chance: floa
     """Whether the loss from step ``onset`` on sits at its floor: the median of its finite values
     (at least 3) at most ``LOSS_FLOOR`` x the reference -- ``chance`` (``ln K``) when known, else
     the median of the first ``LOSS_HEAD`` of the run. Pure."""
-    from neuraldbg.causal.nodes.loss import LOSS_HEAD, median
-
     vals = [v for _, v in history if math.isfinite(v)]
     after = [v for s, v in history if s >= onset and math.isfinite(v)]
     if len(after) < 3 or len(vals) < 3:
         return False
-    ref = chance if chance is not None else median(vals[:max(3, int(len(vals) * LOSS_HEAD))])
+    ref = chance if chance is not None else head_level(vals)
     return ref > 0 and median(after) <= LOSS_FLOOR * ref
 
 

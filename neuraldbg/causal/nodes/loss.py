@@ -38,29 +38,14 @@ Cut points (reasoning in ``docs/causal_model.md``):
   healthy MLP after 21 steps); slow healthy learners of both suites (a LoRA fine-tune that barely
   leaves chance, a GPT-2 adapter at 0.74) need 1.3-1.8 runs; a schedule that collapsed to a
   thousandth of its peak leaves the loss at 0.80-0.87 of chance needing ten runs or never.
-* ``FLOOR_START`` -- a run entered on trained weights whose loss starts below this share of
-  chance level (the monitor's ``TRAINED_START``) is at its floor: a flat or slow curve there is a
-  model with little left to gain, not a stall (:func:`loss_pattern_reading`); without a chance
-  level, any flat or slow curve of such a run.
-* ``RECOVER_POINTS``/``RECOVER_FACTOR`` -- a classifier's loss spike is a batch's confident
-  mistakes, not instability (:func:`confident_mistakes`), when it peaked below chance level
-  ``ln K`` and the median of the next ``RECOVER_POINTS`` recorded losses is back within
-  ``RECOVER_FACTOR`` x the level before it. A model thrown off by an unstable step loses what it
-  learned: its loss goes to chance or above and stays up for many steps. A confident model's
-  loss near zero jumps 50x when one example of a batch is confidently wrong, and is back at its
-  floor on the next batch (a healthy 12-block post-norm encoder: 0.012 -> 0.72 -> 0.009, chance
-  1.39). Every spike of an injected fault in both suites peaked above 0.9 ln K or stayed up.
-  The spikes of a merged episode are read from the loss history (:func:`excursions`: each
-  recorded loss above ``RECOVER_FACTOR`` x the median of the ``LEVEL_POINTS`` before it, the
-  spike detector's window), and every one must qualify: a healthy encoder resumed from its
-  checkpoint spikes from 5e-4 to 0.03, 0.28 and 0.05 on three single batches of 120 steps, one
-  collapsed spike event whose later peaks its measurement does not carry.
 """
 from __future__ import annotations
 
 import math
 from typing import Sequence
 
+from neuraldbg.causal.nodes.floor import (LOSS_HEAD, head_level, median, spikes_were_mistakes,
+                                          starts_at_floor)
 from neuraldbg.causal.nodes.output import output_collapse
 from neuraldbg.causal.nodes.run import chance_loss, not_at_init, started_trained
 from neuraldbg.causal.structure import NoisyMax, Reading
@@ -80,26 +65,15 @@ START_FACTOR = 100.0
 MIN_START_POINTS = 10
 START_CHANCE_FACTOR = 4.0
 GAME_BAND = 50.0
-LOSS_HEAD = 0.1
 MIN_RISE_POINTS = 10
 STALLED = 0.9
 NEAR_CHANCE = 0.9
 DRIFT_BAND = 0.8
 PACE_RUNS = 5.0
-FLOOR_START = 0.5
 PROGRESS_TAIL = 0.2
-RECOVER_POINTS = 5
-RECOVER_FACTOR = 2.0
-LEVEL_POINTS = 20
 
 #: loss-pattern states that say "no instability" (a partial observation when progress is unknowable)
 CALM_LOSS = ("decreasing", "slow", "flat")
-
-
-def median(xs: Sequence[float]) -> float:
-    """The upper median of ``xs`` (no interpolation: a value that occurred)."""
-    s = sorted(xs)
-    return s[len(s) // 2]
 
 
 def relative_improvement(values: list[float]) -> float:
@@ -124,85 +98,6 @@ def loss_rise(trace: Trace) -> float | None:
     return max(vals) / ref if ref > 0 else None
 
 
-def _back(history: Sequence[tuple[int, float]], step: int, level: float) -> bool:
-    """Whether the median of the ``RECOVER_POINTS`` losses recorded after ``step`` is finite and
-    back within ``RECOVER_FACTOR`` x ``level``."""
-    after = [v for s, v in history if s > step][:RECOVER_POINTS]
-    return (len(after) == RECOVER_POINTS and all(math.isfinite(v) for v in after)
-            and median(after) <= RECOVER_FACTOR * level)
-
-
-def excursions(history: Sequence[tuple[int, float]], start: int, end: int) -> list[tuple[int, float, float]]:
-    """``(step, loss, level)`` of each recorded loss from ``start`` to ``end`` above
-    ``RECOVER_FACTOR`` x its level, the median of the ``LEVEL_POINTS`` finite losses recorded
-    before it (the spike detector's window); a non-finite loss is always one. Pure."""
-    out = []
-    for i, (step, v) in enumerate(history):
-        if not start <= step <= end:
-            continue
-        before = [x for _, x in history[max(0, i - LEVEL_POINTS):i] if math.isfinite(x)]
-        if not before:
-            continue
-        level = median(before)
-        if not math.isfinite(v) or v > RECOVER_FACTOR * level:
-            out.append((step, v, level))
-    return out
-
-
-def mistaken_batch(history: Sequence[tuple[int, float]], step: int, chance: float | None) -> bool:
-    """Whether the loss recorded at ``step`` is one batch's confident mistakes: an excursion
-    (:func:`excursions`) that stayed finite and below the chance level ``chance``, the median of
-    the next ``RECOVER_POINTS`` recorded losses back within ``RECOVER_FACTOR`` x its level. False
-    without a chance level, or when ``step`` is no excursion (or was not recorded). Pure."""
-    if chance is None:
-        return False
-    points = excursions(history, step, step)
-    return bool(points) and all(math.isfinite(v) and v < chance and _back(history, s, level)
-                                for s, v, level in points)
-
-
-def mistake_steps(spikes: Sequence[Event], history: Sequence[tuple[int, float]],
-                  chance: float | None) -> frozenset[int] | None:
-    """The steps of the loss spikes in ``spikes`` when every one is a batch's confident mistakes
-    rather than instability, else None: each peaked below the chance level ``chance`` and the
-    median of the next ``RECOVER_POINTS`` recorded losses is back within ``RECOVER_FACTOR`` x the
-    level before it. A single spike is read as the event measured it (its peak, its window
-    median); the later peaks of a merged episode (``count`` > 1) are read from ``history``
-    (:func:`excursions` from its first step to its last), where every one of them must be found:
-    a history downsampled past them cannot tell. None without a chance level or with no spike. Pure."""
-    if chance is None or not spikes:
-        return None
-    steps: set[int] = set()
-    for e in spikes:
-        m = e.measured
-        peak, level = m.get("loss"), m.get("window_median")
-        if peak is None or level is None:
-            return None
-        points = [(e.step, peak, level)] if e.count == 1 else excursions(history, e.step, e.end_step)
-        if len(points) < e.count:
-            return None
-        for step, v, lvl in points:
-            if not (math.isfinite(v) and v < chance and _back(history, step, lvl)):
-                return None
-            steps.add(step)
-    return frozenset(steps)
-
-
-def confident_mistakes(spikes: Sequence[Event], history: Sequence[tuple[int, float]], chance: float | None) -> bool:
-    """Whether every loss spike in ``spikes`` is a batch's confident mistakes rather than
-    instability (:func:`mistake_steps`). Pure."""
-    return mistake_steps(spikes, history, chance) is not None
-
-
-def mistakes_of(view: TraceView) -> frozenset[int] | None:
-    """:func:`mistake_steps` of the run's loss spikes, read once per view: the steps whose batch,
-    not the optimizer, spiked the loss (None: no spike, or one that is instability)."""
-    def read(v: TraceView) -> frozenset[int] | None:
-        spikes = [e for e in v.events if e.type == OPTIMIZER and e.kind == "spike"]
-        return mistake_steps(spikes, v.trace.loss.history, chance_loss(v.signatures))
-    return view.memo("mistake_steps", read)
-
-
 def loss_pattern(view: TraceView) -> Reading | None:
     """The loss pattern (a state, a set of states, or unobserved when no loss was recorded)."""
     trace, loss = view.trace, view.trace.loss
@@ -217,7 +112,7 @@ def loss_pattern(view: TraceView) -> Reading | None:
         return _game_pattern(trace, div, spikes)
     if div:
         return Reading("divergence", tuple(div), f"loss diverges from step {div[0].step}")
-    if spikes and mistakes_of(view) is None:
+    if spikes and not spikes_were_mistakes(view):
         return Reading("spike", tuple(spikes), f"loss spike at step {spikes[0].step}")
     r = _calm_pattern(loss, opt)
     if not spikes or r.state is None:
@@ -305,18 +200,6 @@ def loss_pattern_reading(view: TraceView) -> Reading | None:
     return Reading(RETURN_PATTERNS, r.support, f"{r.note} (the return to chance level target_fault reads)")
 
 
-def starts_at_floor(values: Sequence[float], chance: float | None) -> bool:
-    """Whether a run entered on trained weights starts at its floor: the median of its first
-    ``LOSS_HEAD`` of finite losses (at least 3) below ``FLOOR_START`` x chance level ``chance``,
-    or any start without a chance level (nothing says it is far from its floor then; ``progress``
-    is unobserved for the same reason). Pure; the caller checks that the run started trained."""
-    if len(values) < 3:
-        return False
-    if chance is None:
-        return True
-    return median(values[:max(3, int(len(values) * LOSS_HEAD))]) < FLOOR_START * chance
-
-
 def _at_floor(view: TraceView, r: Reading) -> Reading:
     """``r``, or "no instability" (:data:`CALM_LOSS`) when it reads a flat or slow curve of a run
     entered on trained weights at its floor (:func:`starts_at_floor`): a model that already sits
@@ -342,7 +225,7 @@ def near_chance_drift(values: Sequence[float], chance: float | None) -> float | 
     got = progress_ratio(values, chance)
     if chance is None or got is None:
         return None
-    head = median(values[:max(3, int(len(values) * LOSS_HEAD))])
+    head = head_level(values)
     return got[0] if head <= chance / NEAR_CHANCE and got[0] >= NEAR_CHANCE else None
 
 
@@ -419,7 +302,7 @@ def progress_ratio(values: Sequence[float], chance: float | None) -> tuple[float
         # below chance has learned, one that ends near chance has not, however it began
         ref, what = chance, "chance level"
     else:
-        ref, what = median(values[:max(3, int(n * LOSS_HEAD))]), "its start"
+        ref, what = head_level(values), "its start"
     return (tail / ref, ref, what) if ref > 0 else None
 
 

@@ -2,10 +2,14 @@
 
 ``order`` is observed only when both exploding gradients and loss instability (a spike, a
 divergence or a non-finite loss) occurred: updates that are too large grow the gradients
-before the loss blows up; a bad batch hits loss and gradients at the same step.
+before the loss blows up; a bad batch hits loss and gradients at the same step. Neither counts
+where its own node found it no evidence: exploding gradients only on a confident model's
+mistaken batches (``exploding``), spikes that were such batches (``loss_pattern``).
 """
 from __future__ import annotations
 
+from neuraldbg.causal.nodes.layers import exploding
+from neuraldbg.causal.nodes.floor import spikes_were_mistakes
 from neuraldbg.causal.structure import Reading, Table
 from neuraldbg.causal.view import TraceView
 from neuraldbg.events.base import GRADIENT, OPTIMIZER
@@ -18,7 +22,11 @@ def order(view: TraceView) -> Reading | None:
     """Which came first, exploding gradients or loss instability (observed when both occurred)."""
     events, trace = view.events, view.trace
     expl = view.of_kind(GRADIENT, "exploding")
-    unstable_loss = [e for e in events if e.type == OPTIMIZER and e.kind in ("spike", "divergence")]
+    if expl and exploding(view).state is None:
+        return Reading(None, reason="the exploding gradients are no evidence (exploding says why)")
+    # spikes that were one batch's confident mistakes are no instability (loss_pattern says why)
+    kinds = ("divergence",) if spikes_were_mistakes(view) else ("spike", "divergence")
+    unstable_loss = [e for e in events if e.type == OPTIMIZER and e.kind in kinds]
     loss_step = min([e.step for e in unstable_loss], default=None)
     if trace.loss.first_nonfinite_step is not None:
         loss_step = min(loss_step, trace.loss.first_nonfinite_step) if loss_step is not None \

@@ -1,5 +1,6 @@
-"""Loss spikes that are a confident classifier's mistakes on one batch, not instability
-(``neuraldbg/causal/nodes/loss.py``: ``confident_mistakes`` and ``loss_pattern``), on
+"""The nodes that read a confident classifier's mistakes on single batches, or its gradients at
+its floor, as no instability (``loss_pattern``, ``exploding``, ``order``; the pure functions of
+``neuraldbg/causal/nodes/floor.py`` in ``test_floor_nodes.py``), and the loss's progress, on
 hand-built traces.
 
 Regression: a healthy 12-block post-norm encoder (the ecosystem's warm-up twin of
@@ -13,7 +14,7 @@ import math
 import pytest
 
 from neuraldbg.causal import api
-from neuraldbg.causal.nodes.loss import RECOVER_FACTOR, RECOVER_POINTS, confident_mistakes, loss_pattern
+from neuraldbg.causal.nodes.loss import loss_pattern
 from neuraldbg.causal.view import TraceView
 from neuraldbg.events.base import OPTIMIZER, Event, make_event
 from tests.tiny import make_trace
@@ -37,25 +38,6 @@ def _curve(n: int = 120, spike_at: int = 80, peak: float = 0.72, after: float = 
 
 def _history(values: list[float]) -> tuple[tuple[int, float], ...]:
     return tuple(enumerate(values))
-
-
-def test_a_spike_below_chance_gone_on_the_next_batches_is_a_confident_mistake():
-    assert (RECOVER_POINTS, RECOVER_FACTOR) == (5, 2.0)  # the cut points the cases are computed for
-    hist = _history(_curve())
-    assert confident_mistakes([_spike(80, 0.72, 0.012)], hist, CHANCE)
-    # at or above chance level the model lost what it learned
-    assert not confident_mistakes([_spike(80, CHANCE, 0.012)], hist, CHANCE)
-    assert not confident_mistakes([_spike(80, 3.0, 0.012)], hist, CHANCE)
-    # still up on the next batches: 0.03 against a level of 0.012 (2.5x)
-    assert not confident_mistakes([_spike(80, 0.72, 0.012)], _history(_curve(after=0.03)), CHANCE)
-    assert confident_mistakes([_spike(80, 0.72, 0.012)], _history(_curve(after=0.024)), CHANCE)
-    # a merged episode's later peaks are unknown; no chance level (not a cross-entropy); no spike
-    assert not confident_mistakes([_spike(80, 0.72, 0.012, count=3)], hist, CHANCE)
-    assert not confident_mistakes([_spike(80, 0.72, 0.012)], hist, None)
-    assert not confident_mistakes([], hist, CHANCE)
-    # too few losses recorded after it to tell; every spike must qualify
-    assert not confident_mistakes([_spike(117, 0.72, 0.012)], hist, CHANCE)
-    assert not confident_mistakes([_spike(30, 0.72, 0.012), _spike(80, 2.0, 0.012)], hist, CHANCE)
 
 
 def _view(losses: list[float], events=(), **sigs) -> TraceView:
@@ -133,29 +115,6 @@ def _episode(first: int, last: int, count: int, peak: float) -> Event:
 PEAKS = {30: 0.03, 80: 0.28, 110: 0.05}
 
 
-def test_a_merged_episode_s_later_peaks_are_read_from_the_history():
-    from neuraldbg.causal.nodes.loss import LEVEL_POINTS, excursions, mistake_steps
-
-    assert LEVEL_POINTS == 20  # the spike detector's window (NeuralDbgConfig.spike_window)
-    hist = _history(_floor_curve(PEAKS))
-    # every loss above 2x the median of the 20 before it: the three peaks, each with its level
-    assert excursions(hist, 30, 110) == [(30, 0.03, FLOOR), (80, 0.28, FLOOR), (110, 0.05, FLOOR)]
-    assert excursions(hist, 31, 79) == []
-    episode = _episode(30, 110, 3, 0.03)
-    assert mistake_steps([episode], hist, CHANCE) == frozenset(PEAKS)
-    assert confident_mistakes([episode], hist, CHANCE)
-    # a later peak at chance level, or one the loss stays up after (0.002 = 4x the floor for
-    # the next five batches), is instability, although the first peak alone was a mistake
-    assert mistake_steps([episode], _history(_floor_curve({**PEAKS, 80: 1.5})), CHANCE) is None
-    stays_up = {i: 0.002 for i in range(81, 86)}
-    assert mistake_steps([episode], _history(_floor_curve(PEAKS, after=stays_up)), CHANCE) is None
-    # an occurrence the history does not hold (downsampled past it) cannot be read
-    assert mistake_steps([_episode(30, 110, 4, 0.03)], hist, CHANCE) is None
-    # the last peak at the run's last batches: what followed is unknown
-    late = _history(_floor_curve({30: 0.03, 117: 0.05}))
-    assert mistake_steps([_episode(30, 117, 2, 0.03)], late, CHANCE) is None
-
-
 def test_loss_pattern_reads_a_run_of_single_batch_mistakes_calm():
     r = loss_pattern(_view(_floor_curve(PEAKS), [_episode(30, 110, 3, 0.03)], out_features=4))
     assert r.state == "flat" and "confident mistakes" in r.note
@@ -164,8 +123,8 @@ def test_loss_pattern_reads_a_run_of_single_batch_mistakes_calm():
 def test_exploding_gradients_of_the_mistaken_batches_only_are_no_evidence():
     """Regression: the healthy resumed encoder also exploded in its embedding at step 39, whose
     batch took the loss from 5e-4 to 1.1e-3 (no spike event: far below half the start level)."""
-    from neuraldbg.causal.nodes.layers import batch_gradients, exploding
-    from neuraldbg.causal.nodes.loss import mistaken_batch
+    from neuraldbg.causal.nodes.floor import batch_gradients, mistaken_batch
+    from neuraldbg.causal.nodes.layers import exploding
     from neuraldbg.events.base import GRADIENT
 
     def expl(step: int, end: int | None = None, count: int = 1, layer: str = "fc1") -> Event:
@@ -219,3 +178,53 @@ def test_a_loss_that_stays_near_chance_is_never_healthy():
     assert sum(post["unexplained"].values()) == pytest.approx(1.0)
     post = api.posterior(make_trace(losses=learned, sigs={"out_features": k}))
     assert post.p_healthy > 0.5 and HEALTHY_KEY not in post.ruled_out
+
+
+RESUMED = "not at initialization: AdamW already held state before its first step (a resumed run)"
+
+
+def test_exploding_gradients_at_the_floor_of_a_run_entered_there_are_no_evidence():
+    """Regression: a healthy encoder resumed from its checkpoint with every state restored formed
+    its gradient baselines at its floor (the positional embedding's 5.7e-7); at step 17 one batch
+    grew it 126x (7.3e-5) while the loss stayed at 5.8e-4 (the floor 4.8e-4), and the run read
+    ``learning_rate/too_high`` 0.27-0.64 beside healthy."""
+    from neuraldbg.causal.nodes.floor import batch_gradients
+    from neuraldbg.causal.nodes.layers import exploding
+    from neuraldbg.causal.nodes.order import order
+    from neuraldbg.events.base import GRADIENT
+
+    def expl(step: int, layer: str = "pos") -> Event:
+        return make_event(GRADIENT, "exploding", layer, step, 2.1, {"growth": 126.0})
+
+    peaks = {12: 0.029, 17: 1.2 * FLOOR, 39: 2.3 * FLOOR}
+    hist = _history(_floor_curve(peaks))
+    events = [expl(12), expl(17), expl(39, "embed")]
+    assert not batch_gradients(events, hist, CHANCE)             # step 17's batch was no mistake
+    assert batch_gradients(events, hist, CHANCE, FLOOR)          # ... but it stayed at the floor
+    assert not batch_gradients(events, hist, None, FLOOR)        # no chance level
+
+    # a later divergence (say) would make the order observed: the gradients are no instability
+    div = make_event(OPTIMIZER, "divergence", None, 100, 3.0, {"loss": 0.4})
+    resumed = _view(_floor_curve(peaks), [*events, div], started_trained=RESUMED, out_features=4)
+    r = exploding(resumed)
+    assert r.state is None and "got wrong" in r.note
+    assert order(resumed).state is None
+    # the same events in a run that started at initialization (its baselines are not a floor's)
+    fresh = _view(_floor_curve(peaks), [*events, div], out_features=4)
+    assert exploding(fresh).state == "later" and order(fresh).state == "grad_first"
+    # ... and in a resumed run whose loss leaves its floor after them: instability
+    risen = _floor_curve(peaks, after={i: 0.05 for i in range(18, 60)})
+    assert exploding(_view(risen, events, started_trained=RESUMED, out_features=4)).state == "later"
+
+
+def test_order_does_not_read_spikes_that_were_a_confident_model_s_mistakes():
+    from neuraldbg.causal.nodes.order import order
+    from neuraldbg.events.base import GRADIENT
+
+    # gradients exploding at 70 on a run whose one spike (80) was a mistaken batch: no instability
+    grad = make_event(GRADIENT, "exploding", "fc1", 70, 3.0, {"growth": 500.0})
+    view = _view(_curve(), [grad, _spike(80, 0.72, 0.012)], out_features=4)
+    assert order(view).state is None
+    # the same spike at chance level is instability, after the gradients
+    view = _view(_curve(peak=2.0), [grad, _spike(80, 2.0, 0.012)], out_features=4)
+    assert order(view).state == "grad_first"

@@ -11,8 +11,9 @@ import pytest
 from neuraldbg.causal import api
 from neuraldbg.causal.nodes.causes import init_scale, lacks_initialization
 from neuraldbg.causal.nodes.layers import TRAINED_ENTRY, at_init, dead, exploding, saturation, vanishing
+from neuraldbg.causal.nodes.floor import starts_at_floor
 from neuraldbg.causal.nodes.loss import (CALM_LOSS, loss_pattern_reading, loss_start, near_chance_drift, progress,
-                                         progress_state, starts_at_floor)
+                                         progress_state)
 from neuraldbg.causal.nodes.run import not_at_init, started_trained
 from neuraldbg.causal.view import TraceView
 from neuraldbg.trace import Signatures
