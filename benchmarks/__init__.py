@@ -7,3 +7,20 @@ records schema and files), :mod:`benchmarks.metrics` (scoring, pure),
 :mod:`benchmarks.report` and :mod:`benchmarks.plots` (``report``).
 Importing the package imports neither torch nor the zoo.
 """
+
+import logging
+import sys
+
+_HANDLER_MARK = "_neuraldbg_benchmarks"
+
+
+def log_to_stderr(level: int, fmt: str = "%(levelname)s %(name)s: %(message)s") -> None:
+    """Show the ``neuraldbg`` logger (which every benchmark module logs to) on stderr at ``level``,
+    once per process; the root logger stays the application's."""
+    log = logging.getLogger("neuraldbg")
+    if not any(getattr(h, _HANDLER_MARK, False) for h in log.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(fmt))
+        setattr(handler, _HANDLER_MARK, True)
+        log.addHandler(handler)
+    log.setLevel(level)

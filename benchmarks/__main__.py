@@ -8,7 +8,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command and hand its arguments to that command's module."""
-    from benchmarks import harness, report
+    from benchmarks import harness, log_to_stderr, report
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks",
                                      description="NeuralDBG failure-injection benchmark")
@@ -21,8 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, (module, help_) in commands.items():
         module.add_arguments(sub.add_parser(name, help=help_, description=help_))
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    log_to_stderr(logging.INFO if args.verbose else logging.WARNING)
     from benchmarks.executors import ExecutorError
 
     try:

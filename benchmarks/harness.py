@@ -46,6 +46,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
+from benchmarks import log_to_stderr
 from benchmarks.executors import DEFAULT_EXECUTOR, EXECUTORS, Executor, make_executor, usable_cores
 from benchmarks.records import (API_COLUMNS, RECORD_COLUMNS, collect, empty_record, family_of, fill_monitor, fill_run,
                                 fill_truth, fill_verification, load_records, read_record, record_path, write_record)
@@ -223,7 +224,7 @@ def init_worker() -> None:
         torch.set_num_interop_threads(1)
     except RuntimeError:  # already set in this process
         pass
-    logging.basicConfig(level=logging.WARNING, format="%(processName)s %(levelname)s %(message)s")
+    log_to_stderr(logging.WARNING, "%(processName)s %(levelname)s %(message)s")
 
 
 def _done_keys(out: Path, specs: Sequence[RunSpec], retry_errors: bool, keep_stale: bool = False) -> set[str]:

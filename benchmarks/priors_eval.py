@@ -32,7 +32,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from benchmarks import metrics as M
+from benchmarks import log_to_stderr, metrics as M
 from neuraldbg.causal.cpd import build_cpds
 from neuraldbg.causal.priors import load_priors
 from neuraldbg.causal.structure import default_network
@@ -304,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--ess", type=float, default=DEFAULT_ESS)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(levelname)s: %(message)s")
+    log_to_stderr(logging.WARNING, "%(name)s: %(levelname)s: %(message)s")
     try:
         path = write_report(args.dir, folds=args.folds, ess=args.ess, seed=args.seed)
     except (ValueError, OSError) as exc:

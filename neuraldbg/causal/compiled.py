@@ -200,12 +200,19 @@ class CompiledNetwork:
         """Posterior over the root joint states (index with :meth:`root_joint_index`), without
         the hidden states of any excluded ``(root, state)``."""
         lj = self.log_joint_one(evidence)
+        lj[self.excluded(exclude)] = -np.inf
+        return self.sum_latents(self._normalize(lj))
+
+    def excluded(self, exclude: Iterable[tuple[str, str]]) -> np.ndarray:
+        """Mask over the hidden states of the excluded ``(root, state)`` pairs, and of every root
+        ok for :data:`HEALTHY_KEY`."""
+        mask = np.zeros(self.n_hidden, dtype=bool)
         for var, state in exclude:
             if (var, state) == HEALTHY_KEY:
-                lj[self.healthy_mask] = -np.inf
-                continue
-            lj[self.index[var] == self.states[var].index(state)] = -np.inf
-        return self.sum_latents(self._normalize(lj))
+                mask |= self.healthy_mask
+            else:
+                mask |= self.index[var] == self.states[var].index(state)
+        return mask
 
     def sum_latents(self, x: np.ndarray) -> np.ndarray:
         """``x`` over the hidden states (first axis), summed over the latents: the same over

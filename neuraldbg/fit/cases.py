@@ -41,6 +41,10 @@ class Run:
     seed: int = 0
     #: the hash of the code that recorded it (the record's ``code``; None when not known)
     code: str | None = None
+    #: the ``(root, state)`` pairs the run lacks the preconditions of, ``("healthy", "yes")``
+    #: when it cannot be healthy (:func:`neuraldbg.causal.api.impossible`): a prediction gives
+    #: them probability 0, as the online diagnosis does; fitting reads the truth, not these
+    ruled_out: tuple[tuple[str, str], ...] = ()
 
     @property
     def label(self) -> str | None:
@@ -88,8 +92,10 @@ def load_runs(source: str | os.PathLike | Iterable[Run], family: str | None = No
     iterable of :class:`Run`; only ``family``'s when given. Errored runs and runs whose
     session file is missing are skipped with a warning (they carry no evidence)."""
     if not isinstance(source, (str, os.PathLike)):
-        runs = [r if isinstance(r, Run) else Run(**r) for r in source]
+        runs = [r if isinstance(r, Run) else Run(**{**r, "ruled_out": tuple(map(tuple, r.get("ruled_out", ())))})
+                for r in source]
         return [r for r in runs if family is None or r.family == family]
+    from neuraldbg.causal.api import impossible
     from neuraldbg.causal.evidence import extract
     from neuraldbg.session import load_session
 
@@ -124,7 +130,8 @@ def load_runs(source: str | os.PathLike | Iterable[Run], family: str | None = No
         out.append(Run(key=str(key), family=str(rec.get("family") or trace.family), truth=truth,
                        evidence={k: (v if isinstance(v, str) else tuple(v)) for k, v in obs.items()},
                        arch=str(rec.get("arch", "")), injection=str(rec.get("injection", "")),
-                       seed=int(rec.get("seed", 0)), code=None if _empty(rec.get("code")) else str(rec["code"])))
+                       seed=int(rec.get("seed", 0)), code=None if _empty(rec.get("code")) else str(rec["code"]),
+                       ruled_out=tuple(sorted(impossible(trace)))))
     if skipped:
         log.warning("tune: %d record(s) of %s skipped (error or no session file)", skipped, root)
     return out

@@ -65,6 +65,18 @@ def _evidence_loglik(net: CompiledNetwork, data: _Data) -> np.ndarray:
     return ll
 
 
+def rule_out(net: CompiledNetwork, ll: np.ndarray, runs: Sequence[Run]) -> np.ndarray:
+    """``ll`` (N, H) with each run's ruled-out root states (``Run.ruled_out``) at -inf, as the
+    online diagnosis excludes them (:meth:`CompiledNetwork.root_joint_posterior`); a run whose
+    exclusions would leave no hidden state keeps its row (the evidence then decides). In place."""
+    for i, r in enumerate(runs):
+        if r.ruled_out:
+            mask = net.excluded(r.ruled_out)
+            if not mask.all():
+                ll[i, mask] = -np.inf
+    return ll
+
+
 def _predict_from(net: CompiledNetwork, ll: np.ndarray, temperature: float) -> Prediction:
     marg, p_ok = net.posterior_from_loglik(ll, temperature)
     return Prediction(marg, p_ok, scoring.label_distribution(p_ok, marg))
@@ -73,10 +85,11 @@ def _predict_from(net: CompiledNetwork, ll: np.ndarray, temperature: float) -> P
 def predict(cpds: Mapping[str, Cpd], runs: Sequence[Run], temperature: float = 1.0,
             network: Network | None = None) -> Prediction:
     """Posteriors of ``runs`` under ``cpds`` of ``network`` (default: this version's; exact
-    enumeration, partial observations handled)."""
+    enumeration, partial observations handled), without the root states each run lacks the
+    preconditions of (``Run.ruled_out``)."""
     network = network if network is not None else default_network()
     net = CompiledNetwork(cpds, network)
-    return _predict_from(net, _evidence_loglik(net, _Data.of(runs, network)), temperature)
+    return _predict_from(net, rule_out(net, _evidence_loglik(net, _Data.of(runs, network)), runs), temperature)
 
 
 def prior_mix_weights(runs: Sequence[Run], priors: Priors) -> np.ndarray:
@@ -214,11 +227,12 @@ def cross_validate(runs: Sequence[Run], base: Priors, ess: float = DEFAULT_ESS, 
             continue
         test_runs = [runs[i] for i in test]
         tdata = _Data.of(test_runs, network)
-        b_preds.append((test, _predict_from(base_net, _evidence_loglik(base_net, tdata), base.temperature)))
+        b_preds.append((test, _predict_from(base_net, rule_out(base_net, _evidence_loglik(base_net, tdata), test_runs),
+                                            base.temperature)))
         cpds, _ = fit_cpds([runs[i] for i in train], base_cpds, ess=ess, max_iter=max_iter, engine="numpy",
                            network=network)
         net = CompiledNetwork(cpds, network)
-        ll = _evidence_loglik(net, tdata)
+        ll = rule_out(net, _evidence_loglik(net, tdata), test_runs)
         for t in grid:
             f_preds[t].append((test, _predict_from(net, ll, t)))
     n = len(runs)

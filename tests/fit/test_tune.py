@@ -121,6 +121,10 @@ def test_load_runs_reads_sessions_and_skips_errored_records(tmp_path):
     assert len(runs) == 6 and {r.label for r in runs} == {"healthy", "data/corrupted"}
     nan = next(r for r in runs if r.injection == "data_nan")
     assert nan.evidence["data_nan"] == "input" and nan.truth == {**{v: "ok" for v in ROOTS}, "data": "corrupted"}
+    # what each run lacks the preconditions of, read as the online diagnosis reads it
+    healthy = next(r for r in runs if r.injection == "healthy")
+    assert ("data", "corrupted") in healthy.ruled_out and ("data", "corrupted") not in nan.ruled_out
+    assert ("numerics", "overflow") in nan.ruled_out  # the NaN came with the input
 
 
 def test_runs_recorded_by_other_code_are_refused_unless_allowed(tmp_path, caplog):
