@@ -15,51 +15,27 @@ import pytest
 
 from neuraldbg.causal import api
 from neuraldbg.causal.nodes.loss import loss_pattern
-from neuraldbg.causal.view import TraceView
 from neuraldbg.events.base import OPTIMIZER, Event, make_event
+from tests.causal.floor_curves import (CHANCE, FLOOR, PEAKS, RESUMED, curve, floor_curve, history, spike_episode,
+                                      spike_event, trace_view)
 from tests.tiny import make_trace
 
-CHANCE = math.log(4)
-
-
-def _spike(step: int, peak: float, level: float, count: int = 1) -> Event:
-    ev = make_event(OPTIMIZER, "spike", None, step, 12.0, {"loss": peak, "robust_z": 12.0, "window_median": level})
-    if count == 1:
-        return ev
-    return Event(type=OPTIMIZER, kind="spike", layer=None, step=step, end_step=step + 5, count=count,
-                 severity=12.0, values=ev.values)
-
-
-def _curve(n: int = 120, spike_at: int = 80, peak: float = 0.72, after: float = 0.009) -> list[float]:
-    """A classifier that learned (1.39 to 0.012 by step 60), one batch's spike, then ``after``."""
-    xs = [CHANCE * math.exp(-i / 12) + 0.01 for i in range(spike_at)]
-    return xs + [peak] + [after] * (n - spike_at - 1)
-
-
-def _history(values: list[float]) -> tuple[tuple[int, float], ...]:
-    return tuple(enumerate(values))
-
-
-def _view(losses: list[float], events=(), **sigs) -> TraceView:
-    return TraceView(make_trace(events=events, losses=losses, sigs=sigs))
-
-
 def test_loss_pattern_reads_the_curve_without_such_spikes_and_says_why():
-    losses = _curve()
-    spike = _spike(80, 0.72, 0.012)
-    r = loss_pattern(_view(losses, [spike], out_features=4))
+    losses = curve()
+    spike = spike_event(80, 0.72, 0.012)
+    r = loss_pattern(trace_view(losses, [spike], out_features=4))
     assert r.state == "decreasing" and "confident mistakes" in r.note and "step 80" in r.note
     # without a chance level (a regression, a loss of unknown kind) a spike is a spike
-    assert loss_pattern(_view(losses, [spike])).state == "spike"
+    assert loss_pattern(trace_view(losses, [spike])).state == "spike"
     # a jump that stays up is one too
-    assert loss_pattern(_view(_curve(after=0.5), [spike], out_features=4)).state == "spike"
+    assert loss_pattern(trace_view(curve(after=0.5), [spike], out_features=4)).state == "spike"
 
 
 def test_only_the_reading_of_the_spike_decides_healthy():
     """The same trace, with the spike read as a confident mistake (peak 0.72, below chance) or as
     instability (peak 2.0, above it): nothing else differs."""
-    benign = make_trace(events=[_spike(80, 0.72, 0.012)], losses=_curve(), sigs={"out_features": 4})
-    unstable = make_trace(events=[_spike(80, 2.0, 0.012)], losses=_curve(peak=2.0), sigs={"out_features": 4})
+    benign = make_trace(events=[spike_event(80, 0.72, 0.012)], losses=curve(), sigs={"out_features": 4})
+    unstable = make_trace(events=[spike_event(80, 2.0, 0.012)], losses=curve(peak=2.0), sigs={"out_features": 4})
     p_benign = api.posterior(benign).p_healthy
     p_unstable = api.posterior(unstable).p_healthy
     assert p_benign > 0.5 > p_unstable
@@ -90,33 +66,8 @@ def test_a_loss_that_stopped_near_chance_is_stalled_and_one_on_its_way_down_is_n
     assert progress_state(0.85, False, pace=math.inf) == "learning"  # against its own start: STALLED
 
 
-# Regression: a healthy encoder resumed from its checkpoint with every state restored spiked
-# from 5e-4 to 0.03, 0.28 and 0.05 on three single batches of 120 steps, each gone on the next;
-# the monitor merged them into one spike event (count 3) whose later peaks it does not carry,
-# and the run read learning_rate/too_high with its exploding gradients of the same batches.
-FLOOR = 5e-4
-
-
-def _floor_curve(peaks: dict[int, float], n: int = 120, after: dict[int, float] | None = None) -> list[float]:
-    xs = [FLOOR] * n
-    for i, v in peaks.items():
-        xs[i] = v
-    for i, v in (after or {}).items():
-        xs[i] = v
-    return xs
-
-
-def _episode(first: int, last: int, count: int, peak: float) -> Event:
-    ev = make_event(OPTIMIZER, "spike", None, first, 12.0, {"loss": peak, "robust_z": 12.0, "window_median": FLOOR})
-    return Event(type=OPTIMIZER, kind="spike", layer=None, step=first, end_step=last, count=count,
-                 severity=12.0, values=ev.values)
-
-
-PEAKS = {30: 0.03, 80: 0.28, 110: 0.05}
-
-
 def test_loss_pattern_reads_a_run_of_single_batch_mistakes_calm():
-    r = loss_pattern(_view(_floor_curve(PEAKS), [_episode(30, 110, 3, 0.03)], out_features=4))
+    r = loss_pattern(trace_view(floor_curve(PEAKS), [spike_episode(30, 110, 3, 0.03)], out_features=4))
     assert r.state == "flat" and "confident mistakes" in r.note
 
 
@@ -131,14 +82,14 @@ def test_exploding_gradients_of_the_mistaken_batches_only_are_no_evidence():
         return Event(type=GRADIENT, kind="exploding", layer=layer, step=step, end_step=end, count=count, severity=3.0)
 
     peaks = {**PEAKS, 39: 2.2 * FLOOR}
-    hist = _history(_floor_curve(peaks))
+    hist = history(floor_curve(peaks))
     assert all(mistaken_batch(hist, s, CHANCE) for s in peaks)
     assert not mistaken_batch(hist, 31, CHANCE)                       # no excursion there
     assert not mistaken_batch(hist, 39, None)                         # no chance level
-    assert not mistaken_batch(_history(_floor_curve({**peaks, 80: 1.5})), 80, CHANCE)   # at chance
+    assert not mistaken_batch(history(floor_curve({**peaks, 80: 1.5})), 80, CHANCE)   # at chance
     stays_up = {i: 0.002 for i in range(81, 86)}
-    assert not mistaken_batch(_history(_floor_curve(peaks, after=stays_up)), 80, CHANCE)  # stayed up
-    assert not mistaken_batch(_history(_floor_curve({117: 0.05})), 117, CHANCE)        # nothing after it
+    assert not mistaken_batch(history(floor_curve(peaks, after=stays_up)), 80, CHANCE)  # stayed up
+    assert not mistaken_batch(history(floor_curve({117: 0.05})), 117, CHANCE)        # nothing after it
 
     assert batch_gradients([expl(30), expl(39, layer="embed"), expl(80, layer="fc2"), expl(30, 80, count=2)],
                            hist, CHANCE)
@@ -146,12 +97,12 @@ def test_exploding_gradients_of_the_mistaken_batches_only_are_no_evidence():
     assert not batch_gradients([expl(30, 110, count=3)], hist, CHANCE)  # a merged event's middle unknown
     assert not batch_gradients([expl(30)], hist, None) and not batch_gradients([], hist, CHANCE)
 
-    episode = _episode(30, 110, 3, 0.03)
-    view = _view(_floor_curve(peaks), [episode, expl(30), expl(39), expl(80)], out_features=4)
+    episode = spike_episode(30, 110, 3, 0.03)
+    view = trace_view(floor_curve(peaks), [episode, expl(30), expl(39), expl(80)], out_features=4)
     r = exploding(view)
     assert r.state is None and "got wrong" in r.note
     # the same gradients beside a loss that went to chance level and stayed are evidence
-    view = _view(_floor_curve({**peaks, 80: 1.5}, after=stays_up), [episode, expl(30), expl(80)], out_features=4)
+    view = trace_view(floor_curve({**peaks, 80: 1.5}, after=stays_up), [episode, expl(30), expl(80)], out_features=4)
     assert exploding(view).state == "later"
 
 
@@ -167,20 +118,17 @@ def test_a_loss_that_stays_near_chance_is_never_healthy():
     chance = math.log(k)
     stalled = [chance * (1.0 - 0.05 * i / 199) for i in range(200)]    # 1.39 -> 0.95x chance: stalled
     learned = [chance * math.exp(-i / 40) + 0.05 for i in range(200)]  # far below chance
-    assert never_healthy(_view(stalled, out_features=k)) is not None
-    assert "never healthy" in never_healthy(_view(stalled, out_features=k))
-    assert never_healthy(_view(learned, out_features=k)) is None
+    assert never_healthy(trace_view(stalled, out_features=k)) is not None
+    assert "never healthy" in never_healthy(trace_view(stalled, out_features=k))
+    assert never_healthy(trace_view(learned, out_features=k)) is None
     # against its own start (no chance level), a flat loss rules nothing out
-    assert never_healthy(_view(stalled)) is None
+    assert never_healthy(trace_view(stalled)) is None
 
     post = api.posterior(make_trace(losses=stalled, sigs={"out_features": k}))
     assert post.p_healthy == 0.0 and HEALTHY_KEY in post.ruled_out
     assert sum(post["unexplained"].values()) == pytest.approx(1.0)
     post = api.posterior(make_trace(losses=learned, sigs={"out_features": k}))
     assert post.p_healthy > 0.5 and HEALTHY_KEY not in post.ruled_out
-
-
-RESUMED = "not at initialization: AdamW already held state before its first step (a resumed run)"
 
 
 def test_exploding_gradients_at_the_floor_of_a_run_entered_there_are_no_evidence():
@@ -197,7 +145,7 @@ def test_exploding_gradients_at_the_floor_of_a_run_entered_there_are_no_evidence
         return make_event(GRADIENT, "exploding", layer, step, 2.1, {"growth": 126.0})
 
     peaks = {12: 0.029, 17: 1.2 * FLOOR, 39: 2.3 * FLOOR}
-    hist = _history(_floor_curve(peaks))
+    hist = history(floor_curve(peaks))
     events = [expl(12), expl(17), expl(39, "embed")]
     assert not batch_gradients(events, hist, CHANCE)             # step 17's batch was no mistake
     assert batch_gradients(events, hist, CHANCE, FLOOR)          # ... but it stayed at the floor
@@ -205,16 +153,16 @@ def test_exploding_gradients_at_the_floor_of_a_run_entered_there_are_no_evidence
 
     # a later divergence (say) would make the order observed: the gradients are no instability
     div = make_event(OPTIMIZER, "divergence", None, 100, 3.0, {"loss": 0.4})
-    resumed = _view(_floor_curve(peaks), [*events, div], started_trained=RESUMED, out_features=4)
+    resumed = trace_view(floor_curve(peaks), [*events, div], started_trained=RESUMED, out_features=4)
     r = exploding(resumed)
     assert r.state is None and "got wrong" in r.note
     assert order(resumed).state is None
     # the same events in a run that started at initialization (its baselines are not a floor's)
-    fresh = _view(_floor_curve(peaks), [*events, div], out_features=4)
+    fresh = trace_view(floor_curve(peaks), [*events, div], out_features=4)
     assert exploding(fresh).state == "later" and order(fresh).state == "grad_first"
     # ... and in a resumed run whose loss leaves its floor after them: instability
-    risen = _floor_curve(peaks, after={i: 0.05 for i in range(18, 60)})
-    assert exploding(_view(risen, events, started_trained=RESUMED, out_features=4)).state == "later"
+    risen = floor_curve(peaks, after={i: 0.05 for i in range(18, 60)})
+    assert exploding(trace_view(risen, events, started_trained=RESUMED, out_features=4)).state == "later"
 
 
 def test_order_does_not_read_spikes_that_were_a_confident_model_s_mistakes():
@@ -223,8 +171,8 @@ def test_order_does_not_read_spikes_that_were_a_confident_model_s_mistakes():
 
     # gradients exploding at 70 on a run whose one spike (80) was a mistaken batch: no instability
     grad = make_event(GRADIENT, "exploding", "fc1", 70, 3.0, {"growth": 500.0})
-    view = _view(_curve(), [grad, _spike(80, 0.72, 0.012)], out_features=4)
+    view = trace_view(curve(), [grad, spike_event(80, 0.72, 0.012)], out_features=4)
     assert order(view).state is None
     # the same spike at chance level is instability, after the gradients
-    view = _view(_curve(peak=2.0), [grad, _spike(80, 2.0, 0.012)], out_features=4)
+    view = trace_view(curve(peak=2.0), [grad, spike_event(80, 2.0, 0.012)], out_features=4)
     assert order(view).state == "grad_first"
