@@ -21,6 +21,7 @@ one ``torch._foreach_norm``, same-shaped small gradients stacked. What notices t
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from functools import partial
 from typing import Any, Callable
 
@@ -34,6 +35,7 @@ from neuraldbg.monitor.records import Spec, StepBuffer
 
 #: tensors of one output given a gradient hook at most (a model returning every hidden state)
 MAX_OUTPUT_HOOKS = 64
+_AS_IS = nullcontext()  # reusable: leaves grad mode as it is
 
 
 class GradientHooks:
@@ -303,7 +305,9 @@ class GradientHooks:
                 order = tuple(ids[i] for pos in (*groups[0], groups[1]) for i in pos)
                 plan = self._plans[ids] = (groups, order)
             groups, order = plan
-            with torch.no_grad():
+            # grad mode is off in a backward pass that builds no graph (create_graph=False, the
+            # common case): no_grad is then a few Python calls for nothing
+            with torch.no_grad() if torch.is_grad_enabled() else _AS_IS:
                 try:
                     norms = S.planned_norms(grads, groups)
                 except RuntimeError:  # a gradient changed shape or layout: measure them as they are

@@ -115,27 +115,27 @@ class HeldOutputs:
                 else:
                     group.append(item)
         records = buf.records
-        with torch.no_grad():
-            for (kind, sq, *_), items in groups.items():
-                ys = [it[1] for it in items]
-                if S.batchable(ys, kind):
-                    try:
-                        scal, vec = S.batched_output_blocks(ys, kind, sq=sq)
-                    except Exception:  # noqa: BLE001 - one at a time below, each failure its own
-                        pass
+        # no grad-mode switch here: batched_output_blocks stacks under no_grad, output_stats reads y.detach()
+        for (kind, sq, *_), items in groups.items():
+            ys = [it[1] for it in items]
+            if S.batchable(ys, kind):
+                try:
+                    scal, vec = S.batched_output_blocks(ys, kind, sq=sq)
+                except Exception:  # noqa: BLE001 - one at a time below, each failure its own
+                    pass
+                else:
+                    if kind == "relu":  # one shape: every output has the same unit count
+                        units = vec.numel() // len(items)
+                        slots = tuple(it[0].relu_slot(units) for it in items)
                     else:
-                        if kind == "relu":  # one shape: every output has the same unit count
-                            units = vec.numel() // len(items)
-                            slots = tuple(it[0].relu_slot(units) for it in items)
-                        else:
-                            slots = tuple(it[0].out for it in items)
-                        records.append(Block(slots, tuple(it[3] for it in items), scal, vec))
-                        buf.blocks = True
-                        continue
-                for spec, y, _, n, _ in items:
-                    o = self._measure_one(spec, y)
-                    if o is not None:
-                        records.append((spec.relu_slot(o[0].numel()) if kind == "relu" else spec.out, n, o))
+                        slots = tuple(it[0].out for it in items)
+                    records.append(Block(slots, tuple(it[3] for it in items), scal, vec))
+                    buf.blocks = True
+                    continue
+            for spec, y, _, n, _ in items:
+                o = self._measure_one(spec, y)
+                if o is not None:
+                    records.append((spec.relu_slot(o[0].numel()) if kind == "relu" else spec.out, n, o))
 
     def _measure_one(self, spec: Spec, y: torch.Tensor) -> Any:
         try:

@@ -123,13 +123,27 @@ def test_batched_gradient_norms_equal_the_per_parameter_ones():
              torch.ones(4) * 3.0, torch.ones(2, 2, 2), torch.ones(S.SMALL + 1) * 0.5]
     want = [math.sqrt(12 * 4.0), 2.0, math.sqrt(sum(i * i for i in range(12))), 6.0, math.sqrt(8.0),
             0.5 * math.sqrt(S.SMALL + 1)]
-    plan = S.norm_plan(grads)
+    plan = S.norm_plan(grads, group_min=2)
     groups, rest = plan
     assert sorted(map(sorted, groups)) == [[0, 2], [1, 3]] and sorted(rest) == [4, 5]
     norms = S.planned_norms(grads, plan)
     order = [i for pos in (*groups, rest) for i in pos]  # the norms come out group by group
     assert norms.tolist() == pytest.approx([want[i] for i in order], rel=1e-6)
     assert S.grad_norms(grads).tolist() == pytest.approx(want, rel=1e-6)
+
+
+def test_a_few_gradients_of_one_shape_go_to_the_foreach_norm_unstacked():
+    # regression: an MLP's two bias vectors of one width were stacked (a copy, a stack and a
+    # concatenation), 45 us more per checked step than measuring them in the foreach norm
+    few = [torch.full((512,), 2.0), torch.ones(256, 512), torch.full((512,), 3.0)]
+    groups, rest = S.norm_plan(few)
+    assert groups == () and sorted(rest) == [0, 1, 2]
+    many = [torch.full((32,), float(i)) for i in range(S.GROUP_MIN)] + [torch.ones(5)]
+    groups, rest = S.norm_plan(many)
+    assert groups == (tuple(range(S.GROUP_MIN)),) and rest == (S.GROUP_MIN,)
+    norms = S.planned_norms(many, (groups, rest))
+    want = [i * math.sqrt(32) for i in range(S.GROUP_MIN)] + [math.sqrt(5)]
+    assert norms.tolist() == pytest.approx(want, rel=1e-6)
 
 
 @pytest.mark.parametrize("shape", [(6, 5), (4, 3, 5), (2, 3, 4, 4)])

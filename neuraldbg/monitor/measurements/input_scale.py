@@ -216,13 +216,13 @@ class InputScale(Measurement):
             return None
         if self._at is None:
             self._at = ctx.step
-        with torch.no_grad():
-            d = feature_dim(module, x)
-            rms = feature_rms(x, d)
-            self._rms[name] = running_max(self._rms.get(name), rms)
-            self._abs[name] = running_max(self._abs.get(name), feature_abs_max(x, d))
-            if ctx.step == self._at:  # the first measured step (all its micro-batches)
-                self._first[name] = running_max(self._first.get(name), rms)
+        # the readings are of x.detach(): no graph, no grad-mode switch needed
+        d = feature_dim(module, x)
+        rms = feature_rms(x, d)
+        self._rms[name] = running_max(self._rms.get(name), rms)
+        self._abs[name] = running_max(self._abs.get(name), feature_abs_max(x, d))
+        if ctx.step == self._at:  # the first measured step (all its micro-batches)
+            self._first[name] = running_max(self._first.get(name), rms)
         return None
 
     def step_closed(self, ctx: AddonContext, step: int, checked: bool) -> None:

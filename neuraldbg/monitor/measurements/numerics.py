@@ -75,6 +75,8 @@ class Numerics(Measurement):
         self._backward_at: int | None = None
         self._scaled = False
         self._updates = 0
+        self._params: list[Any] = []             # _candidates
+        self._params_key: tuple | None = None
 
     def enter(self, ctx: AddonContext) -> None:
         """The dtype census of the trainable parameters."""
@@ -99,16 +101,27 @@ class Numerics(Measurement):
         self._updates += 1
         if self._updates > DENSE_UPDATES and self._updates % SPARSE_EVERY:
             return
-        params = [local(p).detach() for g in optimizer.param_groups for p in g["params"]
-                  if p.grad is not None and measurable(p) and p.is_floating_point()]
+        params = [local(p) for p in self._candidates(optimizer) if p.grad is not None]
         if not params:
             return
         date = ctx.step + 1 if self._backward_at is not None and self._backward_at >= ctx.step else ctx.step
-        with torch.no_grad():
+        with torch.no_grad():  # the parameters require grad: no graph for their norms
             bad = nonfinite_flag(params)
             if self._first is None:
                 self._first = torch.full((), -1, dtype=torch.int64, device=bad.device)
             self._first.masked_fill_(bad & (self._first < 0), date)
+
+    def _candidates(self, optimizer: Any) -> list[Any]:
+        """The optimizer's floating parameters the statistics can read, kept while its groups
+        hold the same parameters (their identities are the key; a group added or a parameter
+        swapped reads them again): checking every parameter's type cost more than their norm on a
+        small model."""
+        groups = optimizer.param_groups
+        key = (id(optimizer), *(tuple(map(id, g["params"])) for g in groups))
+        if self._params_key != key:
+            self._params = [p for g in groups for p in g["params"] if measurable(p) and p.is_floating_point()]
+            self._params_key = key
+        return self._params
 
     def _weights_step(self) -> int | None:
         """The dated step of the first non-finite weights, read from the device flag (one host

@@ -106,8 +106,7 @@ class OutputSpread(Measurement):
             self._single = True  # a batch of one: no spread across it
             return None
         self._seen_step = ctx.step
-        with torch.no_grad():
-            v = spread_and_rms(y)
+        v = spread_and_rms(y)  # of y.detach(): no graph, no grad-mode switch needed
         if len(self._first) < OUTPUT_WINDOW:
             self._first.append(v)
         else:

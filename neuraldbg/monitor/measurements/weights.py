@@ -195,6 +195,7 @@ class _EntryWeights(Measurement):
         self.not_at_init: str | None = None
         self._seen: set[int] = set()
         self._first_heard: int | None = None
+        self._retired = False  # past FOUND_WITHIN: nothing left to hear
         self._ctx: AddonContext | None = None
 
     def enter(self, ctx: AddonContext) -> None:
@@ -213,12 +214,15 @@ class _EntryWeights(Measurement):
     def optimizer_pre(self, ctx: AddonContext, optimizer: Any, checked: bool) -> None:
         """An optimizer found later that already holds state before its first step: resumed
         (within :data:`FOUND_WITHIN` steps of the first one heard; then the hook retires)."""
+        if self._retired:
+            return  # checked steps still call it: once retired, at no cost
         if self._first_heard is None:
             self._first_heard = ctx.step
         elif ctx.step - self._first_heard >= FOUND_WITHIN:
             # an optimizer that first steps this late starts a new phase of the run: its state
             # says nothing of how the run began, and unchecked steps need not hear the optimizers
             ctx.unchecked_done(self, "optimizer_pre")
+            self._retired = True
             return
         if id(optimizer) in self._seen:
             return

@@ -7,7 +7,8 @@ import math
 import torch
 from torch import nn
 
-from neuraldbg.monitor.measurements.numerics import dtype_name, majority_dtype, nonfinite_flag
+from neuraldbg.causal.nodes.numerics import NONFINITE_WEIGHTS_STEP
+from neuraldbg.monitor.measurements.numerics import Numerics, dtype_name, majority_dtype, nonfinite_flag
 from neuraldbg.monitor.measurements.step_size import lost_counts
 
 
@@ -50,3 +51,35 @@ def test_bf16_updates_below_resolution_are_lost_and_fp32_ones_are_not():
         a = b - torch.tensor(3e-5, dtype=dtype)            # an Adam step of about the rate
         lost, meant = lost_counts([b], [a], [g.to(dtype)]).tolist()
         assert meant == 1000 and (lost == 1000) is lost_all and (lost == 0) is not lost_all
+
+
+class _Ctx:
+    """The part of the monitor's context the update check reads."""
+
+    step = 0
+
+    def is_primary(self, optimizer) -> bool:
+        return True
+
+
+def test_the_update_check_reads_the_parameters_the_optimizer_holds_now():
+    # the parameter list is kept between checks: a parameter swapped into a group (same count)
+    # must be the one read, and one without a gradient (not updated) is not read
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    m, ctx = Numerics(), _Ctx()
+    m.optimizer_post(ctx, opt, True)
+    assert NONFINITE_WEIGHTS_STEP not in m.steps()
+    idle = nn.Parameter(torch.full((2, 3), math.nan))  # no gradient: not updated, not read
+    opt.param_groups[0]["params"][0] = idle
+    ctx.step = 1
+    m.optimizer_post(ctx, opt, True)
+    assert NONFINITE_WEIGHTS_STEP not in m.steps()
+    bad = nn.Parameter(torch.full((2, 3), math.inf))
+    bad.grad = torch.zeros_like(bad)
+    opt.param_groups[0]["params"][0] = bad
+    ctx.step = 2
+    m.optimizer_post(ctx, opt, True)
+    assert m.steps()[NONFINITE_WEIGHTS_STEP] == 2
