@@ -18,7 +18,7 @@ def first_nonfinite_layer(stats: StepStats, order: tuple[str, ...],
     ``positions`` (optional) are the positions of ``order``'s layers in ``stats.names``, -1
     for a layer the step does not name (:func:`order_positions`; detectors cache them).
     """
-    if not (stats.has_out & ~np.isfinite(stats.cols["out_sum"])).any():
+    if stats.outputs_finite():
         return None  # every observed output is finite (most steps)
     pos = order_positions(stats.names, order) if positions is None else positions
     if not len(pos):
@@ -85,11 +85,13 @@ class DataAnomalyDetector(Detector):
             values = {"nan_count": inp.get("nan", 0.0), "inf_count": inp.get("inf", 0.0),
                       "fraction": (inp.get("nan", 0) + inp.get("inf", 0)) / max(inp.get("n", 1), 1)}
         else:
-            order = self.context.layer_order
-            cached = self._positions
-            if cached is None or cached[0] is not stats.names or cached[1] is not order:
-                cached = self._positions = (stats.names, order, order_positions(stats.names, order))
-            found = first_nonfinite_layer(stats, order, cached[2])
+            found = None
+            if not stats.outputs_finite():  # the positions only then (steps alternate structures)
+                order = self.context.layer_order
+                cached = self._positions
+                if cached is None or cached[0] is not stats.names or cached[1] is not order:
+                    cached = self._positions = (stats.names, order, order_positions(stats.names, order))
+                found = first_nonfinite_layer(stats, order, cached[2])
             if found is not None:
                 origin = (found[0], found[1], 0.0)
         if origin is None:

@@ -105,6 +105,10 @@ class StepStats:
         c = self.cols
         return rms_column(c["out_sumsq"], c["out_n"], self.has_out & np.isfinite(c["out_sumsq"]))
 
+    def outputs_finite(self) -> bool:
+        """Whether every output observed this step has a finite sum."""
+        return not (self.has_out & ~np.isfinite(self.cols["out_sum"])).any()
+
     def nonfinite_grad_layers(self) -> list[str]:
         """Layers whose parameter-gradient sum of squares is NaN or Inf this step."""
         bad = self.has_pgrad & (self.cols["pgrad_n"] > 0) & ~np.isfinite(self.cols["pgrad_sumsq"])
@@ -169,25 +173,33 @@ def _to_layers(st: StepStats) -> dict[str, dict[str, float]]:
 class LayerIndex:
     """Positions of layer names in a detector's own growing per-layer arrays.
 
-    Successive steps usually share one ``names`` tuple (the monitor's), so :meth:`of` is a
-    cached lookup; a new tuple is mapped once, by name, new names getting new positions.
+    Steps share a few ``names`` tuples (the monitor's: one per step structure, several where a
+    large model's outputs are read in rotating shares), so :meth:`of` is a cached lookup per
+    tuple; a new tuple is mapped once, by name, new names getting new positions (a position never
+    changes, so a cached mapping stays right).
     """
+
+    #: name tuples whose positions are kept (a loop repeats a few structures)
+    KEEP = 16
 
     def __init__(self) -> None:
         self.pos: dict[str, int] = {}
-        self._names: tuple[str, ...] | None = None
-        self._idx = np.zeros(0, dtype=np.intp)
+        self._cache: dict[int, tuple[tuple[str, ...], np.ndarray]] = {}  # id(names) -> (names, positions)
 
     def __len__(self) -> int:
         return len(self.pos)
 
     def of(self, names: tuple[str, ...]) -> np.ndarray:
         """Positions (intp array) of ``names``."""
-        if names is not self._names:
-            pos = self.pos
-            self._idx = np.fromiter((pos.setdefault(n, len(pos)) for n in names), dtype=np.intp, count=len(names))
-            self._names = names
-        return self._idx
+        got = self._cache.get(id(names))
+        if got is not None and got[0] is names:  # the tuple itself is held: its id is not reused
+            return got[1]
+        pos = self.pos
+        idx = np.fromiter((pos.setdefault(n, len(pos)) for n in names), dtype=np.intp, count=len(names))
+        if len(self._cache) >= self.KEEP:
+            self._cache.clear()
+        self._cache[id(names)] = (names, idx)
+        return idx
 
     def get(self, name: str) -> int | None:
         """The position of ``name`` (None when never seen)."""

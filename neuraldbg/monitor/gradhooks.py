@@ -2,7 +2,8 @@
 
 Every parameter gradient of one backward pass is measured when the pass ends (after
 accumulation, before clipping or the optimizer), by a callback queued to the autograd engine:
-one ``torch._foreach_norm``, same-shaped small gradients stacked. What notices the pass:
+one ``torch._foreach_norm``, small gradients of one shape stacked where there are at least
+``stats.GROUP_MIN`` of them (a deep stack's hundreds). What notices the pass:
 
 - **the model output's gradient** (the default): on a checked step the root's forward hook puts
   a tensor hook on the output, which fires before any parameter accumulates and asks the engine
@@ -23,6 +24,7 @@ from __future__ import annotations
 import logging
 from contextlib import nullcontext
 from functools import partial
+from itertools import compress
 from typing import Any, Callable
 
 import torch
@@ -54,7 +56,7 @@ class GradientHooks:
         self._route_misfit = ""  # why the output's gradient cannot notice every pass
         #: layer name -> its trainable parameters' (param index, param), in the order hooked
         self.watched: dict[str, list[tuple[int, nn.Parameter]]] = {}
-        self._nodes: list[tuple] | None = None  # their accumulation nodes (_accumulation_nodes)
+        self._nodes: tuple[tuple, tuple] | None = None  # their accumulation nodes (_accumulation_nodes)
         self._armed = self._fired = 0  # outputs hooked, output gradients seen, since the last optimizer step
         self._in_root = False  # inside the root's forward on a checked step
         #: id of a hooked parameter -> its module's parameters, where they share its hook
@@ -201,8 +203,8 @@ class GradientHooks:
             nodes = self._nodes
             if nodes is None:
                 nodes = self._nodes = _accumulation_nodes(self.watched)
-            will = _will_run
-            params = [(i, p) for i, p, node in nodes if will(node)]
+            # the filter runs in C (no Python frame per parameter: hundreds on a deep stack)
+            params = list(compress(nodes[0], map(_will_run, nodes[1])))
             if not params:
                 return None  # torch.autograd.grad, or a pass that accumulates none of ours
             pend = self._open_pass(buf, None)
@@ -286,13 +288,18 @@ class GradientHooks:
         try:
             # parameter hooks put in while this pass ran (the output's pass, then a switch) have
             # noted some already: each parameter is read once
-            noted = set(ids) if ids and modules else ()
-            for params in modules:  # every accumulation of this pass is done now
-                for i, p in params:
-                    g = p.grad
-                    if g is not None and i not in noted:
-                        ids.append(i)
-                        grads.append(g)
+            if ids and modules:
+                noted = set(ids)
+                for params in modules:  # every accumulation of this pass is done now
+                    for i, p in params:
+                        g = p.grad
+                        if g is not None and i not in noted:
+                            ids.append(i)
+                            grads.append(g)
+            elif modules:  # the common case (nothing noted): comprehensions, no call per parameter
+                got = [(i, g) for params in modules for i, p in params if (g := p.grad) is not None]
+                ids += [i for i, _ in got]
+                grads += [g for _, g in got]
             if not ids:
                 return
             ids = tuple(ids)
@@ -346,16 +353,18 @@ def _graph_task_id() -> int:
         return -1
 
 
-def _will_run(node: Any) -> bool:
-    """Whether the running backward pass will run ``node`` (an accumulation node)."""
-    return torch._C._will_engine_execute_node(node)
+#: whether the running backward pass will run an accumulation node (torch's own check, called
+#: from C by map: where this torch lacks it the output route is off and it is never called)
+_will_run = getattr(torch._C, "_will_engine_execute_node", None)
 
 
-def _accumulation_nodes(watched: dict[str, list[tuple[int, nn.Parameter]]]) -> list[tuple]:
-    """``(param index, param, its gradient accumulation node)`` of every watched parameter that
-    requires a gradient (a frozen one has no node; none is made for it)."""
+def _accumulation_nodes(watched: dict[str, list[tuple[int, nn.Parameter]]]) -> tuple[tuple, tuple]:
+    """``((param index, param) pairs, their gradient accumulation nodes)`` of every watched
+    parameter that requires a gradient (a frozen one has no node; none is made for it), as two
+    tuples of one order."""
     edge = torch.autograd.graph.get_gradient_edge
-    return [(i, p, edge(p).node) for params in watched.values() for i, p in params if p.requires_grad]
+    pairs = tuple((i, p) for params in watched.values() for i, p in params if p.requires_grad)
+    return pairs, tuple(edge(p).node for _, p in pairs)
 
 
 def _grad_tensors(output: Any) -> list[torch.Tensor]:

@@ -30,7 +30,7 @@ from neuraldbg.config import DetectorConfig
 from neuraldbg.monitor import stats as S
 from neuraldbg.monitor.compiled import guard_compiled_hooks, is_compiling
 from neuraldbg.monitor.gradhooks import GradientHooks
-from neuraldbg.monitor.held import HeldOutputs
+from neuraldbg.monitor.held import DEFER_NUMEL, HeldOutputs
 from neuraldbg.monitor.records import (INPUT, INPUT_SLOT, OUT, Block, Spec, StepBuffer, Tables, describe, first_tensor,
                                        monitored_modules, tensors_of)
 from neuraldbg.monitor.switch import ALWAYS, EVERY_GROUP, HookSwitch
@@ -367,7 +367,8 @@ class ModuleHooks(GradientHooks):
             traced = is_compiling()
             if not traced and self.output_grads and not self._in_root:
                 self._ran_outside_root(module)
-            held = not traced and self.held.hold(spec, y, n, buf)  # True: measured at the flush
+            # True: measured at the flush (a large output never waits: no call for it)
+            held = not traced and n <= DEFER_NUMEL and self.held.hold(spec, y, n, buf)
             if not held:
                 # output_stats reads y.detach(): no graph, no grad-mode switch needed
                 x = first_tensor(inputs) if spec.kind == "softmax" else None

@@ -34,6 +34,7 @@ SOFTMAX: tuple[type[nn.Module], ...] = (nn.Softmax,)
 FRACTION_KINDS = ("relu", "bounded", "softmax")
 
 _HALF = (torch.float16, torch.bfloat16)
+_DOT = (torch.float32, torch.float64)  # a sum of squares is one dot product
 
 
 def is_plain(t: torch.Tensor) -> bool:
@@ -129,7 +130,7 @@ def norm(y: torch.Tensor) -> torch.Tensor:
 def sumsq(y: torch.Tensor) -> torch.Tensor:
     """Sum of squares of all elements (0-d): one dot product for a contiguous float32/64
     tensor, else the square of :func:`norm` (float32 accumulation for half inputs)."""
-    if y.dtype in (torch.float32, torch.float64) and y.is_contiguous() and y.device.type != "meta":
+    if y.dtype in _DOT and y.is_contiguous() and not y.is_meta:
         flat = y.view(-1)
         return torch.dot(flat, flat)
     return norm(y).square()
@@ -262,11 +263,26 @@ def input_stats(x: torch.Tensor, host_check: bool | None = None) -> tuple[torch.
     x = x.detach()
     s, nr = total(x), norm(x)
     if host_check is None:
-        host_check = x.device.type == "cpu" and not torch.compiler.is_compiling()
+        host_check = x.is_cpu and not torch.compiler.is_compiling()
     if host_check and math.isfinite(float(s)) and math.isfinite(float(nr)):
-        n = torch.full((), float(x.numel()), dtype=s.dtype)
-        return s, nr, n, n
+        return s, nr, *_count_pair(float(x.numel()), s.dtype)
     return s, nr, torch.isfinite(x).sum(dtype=s.dtype), torch.isnan(x).logical_not_().sum(dtype=s.dtype)
+
+
+_counts: tuple = (None, None)  # the last (key, pair) of _count_pair, swapped whole (threads)
+
+
+def _count_pair(n: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(n, n)`` as one 0-d CPU tensor of ``dtype``, kept for the next input of the same size:
+    a loop feeds one batch shape, and a tensor made per step costs an allocation and a kernel
+    (readers only stack it, never write it)."""
+    global _counts
+    key, pair = _counts
+    if key != (n, dtype):
+        t = torch.full((), n, dtype=dtype)
+        pair = (t, t)
+        _counts = ((n, dtype), pair)
+    return pair
 
 
 def grad_norm(g: torch.Tensor) -> torch.Tensor:

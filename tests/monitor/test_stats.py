@@ -92,6 +92,16 @@ def test_input_stats_counts_nan_and_inf(host_check):
     assert (s.item(), nr.item() ** 2, finite.item(), not_nan.item()) == (6.0, pytest.approx(14.0), 3.0, 3.0)
 
 
+def test_the_input_counts_kept_between_steps_follow_the_input_size_and_dtype():
+    # the finite counts of a clean input are kept for the next input of the same size: one of
+    # another size or dtype must get its own
+    counts = [S.input_stats(x)[2] for x in (torch.ones(3, 4), torch.ones(3, 4), torch.ones(5),
+                                             torch.ones(5, dtype=torch.float64), torch.ones(3, 4))]
+    assert [(c.item(), c.dtype) for c in counts] == [(12.0, torch.float32), (12.0, torch.float32), (5.0, torch.float32),
+                                                     (5.0, torch.float64), (12.0, torch.float32)]
+    assert counts[0] is counts[1]  # kept, not made again
+
+
 def test_grad_norms_propagate_nonfinite_and_handle_half_and_sparse():
     grads = [torch.tensor([3.0, 4.0]), torch.tensor([float("nan")]), torch.full((4,), 300.0, dtype=torch.float16)]
     n = S.grad_norms(grads)

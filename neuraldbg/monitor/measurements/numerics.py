@@ -10,9 +10,11 @@ Three readings for the ``numerics`` evidence (``neuraldbg/causal/nodes/numerics.
   accumulated in float32 (``torch._foreach_norm(dtype=float32)``: an fp16 norm of finite
   weights may exceed 65504; a float32 one overflows only past weights of about 1e19, which only a
   blow-up makes, and the birthplace reads an update after instability as that blow-up; Inf and
-  NaN propagate), folded into one device flag; the step it is dated
-  at is the one whose forward runs next on those weights, noted on the device with
-  ``masked_fill_`` (no sync) and read once by :meth:`Numerics.summary`. The pass costs about a
+  NaN propagate); the step it is dated at is the one whose forward runs next on those weights.
+  A check leaves only its norms on the device and its date on the host: every few checks the
+  norms waiting are folded into one device number, the first check whose norms sum to a
+  non-finite value (a few kernels for all of them, no sync), read once by
+  :meth:`Numerics.summary`. The pass costs about a
   gradient norm (0.12 ms on a 0.5M-parameter MLP on one CPU thread, 3 % of its step), so it runs
   on every one of the first ``DENSE_UPDATES`` checked updates -- where an optimizer's own NaN is
   born: an ``eps`` that rounds to zero divides by zero at the first update -- and on every
@@ -21,6 +23,7 @@ Three readings for the ``numerics`` evidence (``neuraldbg/causal/nodes/numerics.
 """
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 import torch
@@ -28,7 +31,7 @@ import torch
 from neuraldbg.causal.nodes.numerics import NONFINITE_GRAD_STEP, NONFINITE_WEIGHTS_STEP, WEIGHTS_DTYPE
 from neuraldbg.lifecycle import AddonContext, Measurement
 from neuraldbg.monitor.measurements import register_measurement
-from neuraldbg.monitor.stats import local, measurable
+from neuraldbg.monitor.stats import is_sharded, local, measurable
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -50,14 +53,26 @@ def majority_dtype(params: Any) -> str | None:
 #: checked updates whose weights are all checked, then one in ``SPARSE_EVERY``
 DENSE_UPDATES = 64
 SPARSE_EVERY = 4
+#: norms (0-d tensors) held before the checks waiting are folded into the device flag: a fold costs
+#: a few kernels whatever it holds, a check one (its foreach norm); the bound keeps the objects few
+FOLD_NORMS = 256
+#: the device flag before a non-finite check is found (above any check number)
+_NONE = 2 ** 62
 
 
-def nonfinite_flag(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """A 0-d bool tensor on the tensors' device: whether any element of ``tensors`` is NaN or
-    infinite (one foreach norm kernel accumulated in float32, no host sync; the max-abs norm would
-    need no wider dtype but has no fused CPU kernel and costs ten times more)."""
-    norms = torch._foreach_norm(tensors, 2, dtype=torch.float32)
-    return torch.stack(norms).sum().isfinite().logical_not()
+def check_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The 2-norms of ``tensors`` accumulated in float32, one 0-d tensor each on their device: NaN
+    and Inf in any element propagate into its norm (one foreach norm kernel, no host sync; the
+    max-abs norm would need no wider dtype but has no fused CPU kernel and costs ten times more)."""
+    return torch._foreach_norm(tensors, 2, dtype=torch.float32)
+
+
+def first_nonfinite(rows: torch.Tensor, start: int, none: int = _NONE) -> torch.Tensor:
+    """The number of the first row of ``rows`` (2-d: one check's :func:`check_norms` per row,
+    numbered from ``start``) whose sum is not finite, as a 0-d int64 tensor on their device;
+    ``none`` when every sum is finite. No host sync. Pure."""
+    at = torch.arange(start, start + rows.shape[0], device=rows.device)
+    return torch.where(rows.sum(dim=1).isfinite(), none, at).min()
 
 
 @register_measurement
@@ -70,12 +85,15 @@ class Numerics(Measurement):
     def __init__(self) -> None:
         self._dtype: str | None = None
         self._grad_step: int | None = None
-        self._first: torch.Tensor | None = None  # device: the dated step, -1 while all finite
-        self._weights_at: int | None = None      # host: that step, once read and found
+        self._first: torch.Tensor | None = None  # device: the first non-finite check's number (_NONE: none)
+        self._weights_at: int | None = None      # host: its date, once read and found
+        self._dates = array("q")                 # host: every check's date, by check number
+        self._waiting: list[list[torch.Tensor]] = []  # device: the norms of the checks not yet folded
+        self._held = 0                           # norms in _waiting
         self._backward_at: int | None = None
         self._scaled = False
         self._updates = 0
-        self._params: list[Any] = []             # _candidates
+        self._params: list[tuple[Any, bool]] = []  # _candidates
         self._params_key: tuple | None = None
 
     def enter(self, ctx: AddonContext) -> None:
@@ -101,34 +119,53 @@ class Numerics(Measurement):
         self._updates += 1
         if self._updates > DENSE_UPDATES and self._updates % SPARSE_EVERY:
             return
-        params = [local(p) for p in self._candidates(optimizer) if p.grad is not None]
+        cands = self._candidates(optimizer)
+        params = [local(p) if sharded else p for p, sharded in cands if p.grad is not None]
         if not params:
             return
         date = ctx.step + 1 if self._backward_at is not None and self._backward_at >= ctx.step else ctx.step
         with torch.no_grad():  # the parameters require grad: no graph for their norms
-            bad = nonfinite_flag(params)
-            if self._first is None:
-                self._first = torch.full((), -1, dtype=torch.int64, device=bad.device)
-            self._first.masked_fill_(bad & (self._first < 0), date)
+            norms = check_norms(params)  # judged at the next fold
+        if self._waiting and len(norms) != len(self._waiting[0]):
+            self._fold()  # rows of one length fold together
+        self._waiting.append(norms)
+        self._dates.append(date)
+        self._held += len(norms)
+        if self._held >= FOLD_NORMS:
+            self._fold()
 
-    def _candidates(self, optimizer: Any) -> list[Any]:
-        """The optimizer's floating parameters the statistics can read, kept while its groups
-        hold the same parameters (their identities are the key; a group added or a parameter
-        swapped reads them again): checking every parameter's type cost more than their norm on a
-        small model."""
+    def _fold(self) -> None:
+        """The checks waiting, folded into the device number of the first non-finite one."""
+        waiting, self._waiting, self._held = self._waiting, [], 0
+        if not waiting:
+            return
+        k = len(waiting)
+        with torch.no_grad():
+            rows = torch.stack([n for norms in waiting for n in norms]).view(k, -1)
+            found = first_nonfinite(rows, len(self._dates) - k)
+            self._first = found if self._first is None else torch.minimum(self._first, found)
+
+    def _candidates(self, optimizer: Any) -> list[tuple[Any, bool]]:
+        """The optimizer's floating parameters the statistics can read, each with whether it is
+        sharded (its local shard is read), kept while its groups hold the same parameters (their
+        identities are the key; a group added or a parameter swapped reads them again): checking
+        every parameter's type cost more than their norm on a small model."""
         groups = optimizer.param_groups
         key = (id(optimizer), *(tuple(map(id, g["params"])) for g in groups))
         if self._params_key != key:
-            self._params = [p for g in groups for p in g["params"] if measurable(p) and p.is_floating_point()]
+            self._params = [(p, is_sharded(p)) for g in groups for p in g["params"]
+                            if measurable(p) and p.is_floating_point()]
             self._params_key = key
         return self._params
 
     def _weights_step(self) -> int | None:
         """The dated step of the first non-finite weights, read from the device flag (one host
         read; once found it never changes, so it is kept and never read again)."""
-        if self._weights_at is None and self._first is not None:
-            first = int(self._first.item())
-            self._weights_at = first if first >= 0 else None
+        if self._weights_at is None:
+            self._fold()
+            if self._first is not None:
+                first = int(self._first.item())
+                self._weights_at = self._dates[first] if first < _NONE else None
         return self._weights_at
 
     def summary(self) -> dict[Any, Any]:

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from neuraldbg.causal.nodes.numerics import NONFINITE_WEIGHTS_STEP
-from neuraldbg.monitor.measurements.numerics import Numerics, dtype_name, majority_dtype, nonfinite_flag
+from neuraldbg.monitor.measurements.numerics import Numerics, check_norms, dtype_name, first_nonfinite, majority_dtype
 from neuraldbg.monitor.measurements.step_size import lost_counts
 
 
@@ -27,11 +27,22 @@ def test_the_majority_dtype_counts_trainable_elements():
     assert majority_dtype([]) is None
 
 
-def test_the_nonfinite_flag_sees_nan_and_inf_in_any_tensor_and_never_overflows():
+def _flag(tensors: list[torch.Tensor]) -> bool:
+    """Whether one check of ``tensors`` is found non-finite."""
+    return first_nonfinite(torch.stack(check_norms(tensors)).view(1, -1), 0).item() == 0
+
+
+def test_the_nonfinite_check_sees_nan_and_inf_in_any_tensor_and_never_overflows():
     fine = [torch.ones(4), torch.full((3,), 60000.0, dtype=torch.float16)]  # a 2-norm would overflow fp16
-    assert not bool(nonfinite_flag(fine))
-    assert bool(nonfinite_flag(fine + [torch.tensor([1.0, math.nan])]))
-    assert bool(nonfinite_flag([torch.tensor([math.inf], dtype=torch.bfloat16)]))
+    assert not _flag(fine)
+    assert _flag(fine + [torch.tensor([1.0, math.nan])])
+    assert _flag([torch.tensor([math.inf], dtype=torch.bfloat16)])
+
+
+def test_the_first_nonfinite_row_is_numbered_from_the_start_given():
+    rows = torch.tensor([[1.0, 2.0], [math.inf, 0.0], [math.nan, 1.0]])
+    assert first_nonfinite(rows, 10).item() == 11
+    assert first_nonfinite(rows[:1], 10, none=-7).item() == -7
 
 
 def test_lost_counts_count_elements_meant_to_move_that_did_not():
@@ -83,3 +94,31 @@ def test_the_update_check_reads_the_parameters_the_optimizer_holds_now():
     ctx.step = 2
     m.optimizer_post(ctx, opt, True)
     assert m.steps()[NONFINITE_WEIGHTS_STEP] == 2
+
+
+def test_checks_folded_in_several_batches_date_the_first_nonfinite_update(monkeypatch):
+    # the norms wait on the device and are folded every few checks: the date must be the first
+    # non-finite check's whichever fold it fell in, and a parameter count that changes between
+    # checks (rows of another length) must not mix rows
+    import neuraldbg.monitor.measurements.numerics as numerics
+
+    monkeypatch.setattr(numerics, "DENSE_UPDATES", 10 ** 6)  # every update checked
+    monkeypatch.setattr(numerics, "FOLD_NORMS", 7)           # folds of four checks of two norms
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    m, ctx = Numerics(), _Ctx()
+    for step in range(10):
+        ctx.step = step
+        m.optimizer_post(ctx, opt, True)
+    assert NONFINITE_WEIGHTS_STEP not in m.steps()  # a read folds the checks still waiting
+    extra = nn.Parameter(torch.zeros(4))
+    extra.grad = torch.zeros(4)
+    opt.add_param_group({"params": [extra]})        # rows of three norms from step 10
+    for step in range(10, 30):
+        ctx.step = step
+        with torch.no_grad():
+            extra.fill_(math.nan if step == 17 else 0.0)  # non-finite once: the first stays the date
+        m.optimizer_post(ctx, opt, True)
+    assert m.steps()[NONFINITE_WEIGHTS_STEP] == 17
