@@ -16,10 +16,9 @@ def first_nonfinite_layer(stats: StepStats, order: tuple[str, ...],
     """(layer, 'nan'|'inf') of the earliest layer in forward order whose output is not finite.
 
     ``positions`` (optional) are the positions of ``order``'s layers in ``stats.names``, -1
-    for a layer the step does not name (:func:`order_positions`; detectors cache them).
+    for a layer the step does not name (:func:`order_positions`; detectors cache them). Most
+    steps need no search: callers screen them with ``stats.outputs_finite()`` first.
     """
-    if stats.outputs_finite():
-        return None  # every observed output is finite (most steps)
     pos = order_positions(stats.names, order) if positions is None else positions
     if not len(pos):
         return None

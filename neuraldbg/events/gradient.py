@@ -118,6 +118,10 @@ class GradientHealthDetector(Detector):
         self._vanished_warm = np.zeros(0, dtype=bool)
         self._trusted = np.zeros(0)                # see _retrust
         self._overflow_run = 0
+        # (positions, rate, the growth allowed, whether any baseline there still forms): a loop
+        # repeats one name tuple at one rate, so most steps reuse them; _retrust and
+        # forget_layer drop them (every change to a baseline or its rate goes through one)
+        self._allowed: tuple | None = None
 
     def _fit(self) -> None:
         n = len(self._index)
@@ -135,6 +139,7 @@ class GradientHealthDetector(Detector):
         # warm-up, above the vanishing floor (NaN elsewhere)
         b = self._base[at]
         self._trusted[at] = np.where(~self._vanished_warm[at] & (b > self.config.vanish_abs), b, np.nan)
+        self._allowed = None
 
     def forget_layer(self, layer: str) -> None:
         """Drop a layer's baseline (the module behind the name was replaced)."""
@@ -145,6 +150,7 @@ class GradientHealthDetector(Detector):
             self._base_lr[i] = np.nan
             self._vanished_warm[i] = False
             self._trusted[i] = np.nan
+            self._allowed = None
 
     def update(self, stats: StepStats) -> list[Event]:
         """Vanishing/exploding hits at this step."""
@@ -164,10 +170,15 @@ class GradientHealthDetector(Detector):
             r[r == 0.0] = np.nan
             idx = self._index.of(stats.names)
             self._fit()
-            trusted = self._trusted[idx] * lr_allowance(stats.lr, self._base_lr[idx])
+            lr = stats.lr
+            got = self._allowed
+            if got is None or got[0] is not idx or got[1] != lr:  # != also for two NaN rates: computed again
+                got = self._allowed = (idx, lr, self._trusted[idx] * lr_allowance(lr, self._base_lr[idx]),
+                                       bool(np.isnan(self._base[idx]).any()))
+            trusted = got[2]
             events = [] if self._quiet(r, trusted) else self._events(stats, idx, r, trusted)
-            if stats.lr != 0.0:  # a check at rate 0 has not moved: no baseline of a moving model
-                self._learn_baseline(idx, r, stats.lr)
+            if lr != 0.0 and got[3]:  # a check at rate 0 has not moved: no baseline of a moving model
+                self._learn_baseline(idx, r, lr)
         return events
 
     def _quiet(self, r: np.ndarray, trusted: np.ndarray) -> bool:

@@ -109,10 +109,17 @@ class StepStats:
         """Whether every output observed this step has a finite sum."""
         return not (self.has_out & ~np.isfinite(self.cols["out_sum"])).any()
 
+    def _nonfinite_grads(self) -> np.ndarray:
+        return self.has_pgrad & (self.cols["pgrad_n"] > 0) & ~np.isfinite(self.cols["pgrad_sumsq"])
+
+    def grads_finite(self) -> bool:
+        """Whether every parameter-gradient sum of squares observed this step is finite (no
+        list of names made: most steps)."""
+        return not self._nonfinite_grads().any()
+
     def nonfinite_grad_layers(self) -> list[str]:
         """Layers whose parameter-gradient sum of squares is NaN or Inf this step."""
-        bad = self.has_pgrad & (self.cols["pgrad_n"] > 0) & ~np.isfinite(self.cols["pgrad_sumsq"])
-        return [self.names[i] for i in np.flatnonzero(bad)]
+        return [self.names[i] for i in np.flatnonzero(self._nonfinite_grads())]
 
     def grad_rms(self, layer: str) -> float | None:
         """RMS of the layer's parameter gradients, ``None`` when it has none this step."""

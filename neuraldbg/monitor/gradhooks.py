@@ -286,18 +286,12 @@ class GradientHooks:
             return
         buf, ids, grads, modules = pend
         try:
-            # parameter hooks put in while this pass ran (the output's pass, then a switch) have
-            # noted some already: each parameter is read once
-            if ids and modules:
-                noted = set(ids)
-                for params in modules:  # every accumulation of this pass is done now
-                    for i, p in params:
-                        g = p.grad
-                        if g is not None and i not in noted:
-                            ids.append(i)
-                            grads.append(g)
-            elif modules:  # the common case (nothing noted): comprehensions, no call per parameter
-                got = [(i, g) for params in modules for i, p in params if (g := p.grad) is not None]
+            if modules:  # every accumulation of this pass is done now: comprehensions, no call per parameter
+                # parameter hooks put in while this pass ran (the output's pass, then a switch) have
+                # noted some already (rare): each parameter is read once
+                noted = set(ids) if ids else ()
+                got = [(i, g) for params in modules for i, p in params
+                       if (g := p.grad) is not None and i not in noted]
                 ids += [i for i, _ in got]
                 grads += [g for _, g in got]
             if not ids:

@@ -29,20 +29,15 @@ from torch import nn
 from neuraldbg.config import DetectorConfig
 from neuraldbg.monitor import stats as S
 from neuraldbg.monitor.compiled import guard_compiled_hooks, is_compiling
-from neuraldbg.monitor.gradhooks import GradientHooks
-from neuraldbg.monitor.held import DEFER_NUMEL, HeldOutputs
-from neuraldbg.monitor.records import (INPUT, INPUT_SLOT, OUT, Block, Spec, StepBuffer, Tables, describe, first_tensor,
-                                       monitored_modules, tensors_of)
+from neuraldbg.monitor import held as held_outputs
+from neuraldbg.monitor.held import HeldOutputs
+from neuraldbg.monitor.inputhooks import InputHooks
+from neuraldbg.monitor.records import (INPUT, OUT, Block, Spec, StepBuffer, Tables, describe, first_tensor,
+                                       monitored_modules)
 from neuraldbg.monitor.switch import ALWAYS, EVERY_GROUP, HookSwitch
 
 
-def _input_records(slot: int, tensors) -> list[tuple]:
-    """A ``(slot, element count, stats)`` record per floating, dense, non-empty tensor (no graph)."""
-    return [(slot, t.numel(), S.input_stats(t)) for t in tensors
-            if t.is_floating_point() and not t.is_sparse and t.numel() > 0]
-
-
-class ModuleHooks(GradientHooks):
+class ModuleHooks(InputHooks):
     """The hooks on one model and the step buffer they fill.
 
     Lifecycle: :meth:`register` when the monitor is entered, :meth:`remove` when it exits.
@@ -276,61 +271,7 @@ class ModuleHooks(GradientHooks):
         self._hook_modules(new)
         return [name for name, _ in new]
 
-    # ---- callbacks ---------------------------------------------------------------------
-    def _skip_forward(self, buf: StepBuffer) -> bool:
-        # validation passes (no_grad, or eval() mode) must not mix into training statistics;
-        # a model that is trained in eval() mode is noticed at its first backward (see below)
-        if not buf.active or not torch.is_grad_enabled():
-            return True
-        if not self.root.training and not self.eval_trains:
-            buf.eval_skipped = True
-            return True
-        return False
-
-    def _on_entry(self, slot, module, args, kwargs):
-        buf = self.buf
-        if buf.root_called or self._skip_forward(buf):
-            return None
-        try:
-            buf.entry.extend(_input_records(slot, tensors_of(args, kwargs)))
-        except Exception as e:  # noqa: BLE001 - the monitor must not raise into training
-            self._fail(("entry input", type(e).__name__), f"input statistics failed: {e!r}")
-        return None
-
-    def _on_input(self, module, args, kwargs):
-        buf = self.buf
-        buf.root_called = True
-        if not buf.active:
-            # an unchecked step (this hook stays in the model): only whether a training batch is
-            # empty; for plain positional tensors read inline -- the general path below costs
-            # several calls, on every step
-            if not (torch.is_grad_enabled() and (self.root.training or self.eval_trains)):
-                return None  # a validation pass
-            if not kwargs:
-                empty = bool(args)
-                for a in args:
-                    if type(a) is not torch.Tensor:
-                        break  # containers, subclasses: the general path
-                    empty = empty and a.numel() == 0
-                else:
-                    self.batch_empty = empty
-                    return None
-        else:  # the entry hooks would return at once for the rest of this step
-            self.entries.set(False)
-            self._in_root = True
-        measure = not self._skip_forward(buf)
-        if not measure and not (torch.is_grad_enabled() and (self.root.training or self.eval_trains)):
-            return None  # a validation pass
-        try:
-            tensors = list(tensors_of(args, kwargs))
-            # metadata only (no kernel), so also on unchecked steps: their loss must not count
-            self.batch_empty = bool(tensors) and all(t.numel() == 0 for t in tensors)
-            if measure:
-                buf.records.extend(_input_records(INPUT_SLOT, tensors))
-        except Exception as e:  # noqa: BLE001 - the monitor must not raise into training
-            self._fail(("input", type(e).__name__), f"input statistics failed: {e!r}")
-        return None
-
+    # ---- callbacks (the model input's: neuraldbg/monitor/inputhooks.py) ------------------
     def _on_output(self, spec: Spec, module, inputs, output):
         # the checks of _skip_forward, inlined: this runs once per module per checked step
         buf = self.buf
@@ -367,8 +308,9 @@ class ModuleHooks(GradientHooks):
             traced = is_compiling()
             if not traced and self.output_grads and not self._in_root:
                 self._ran_outside_root(module)
-            # True: measured at the flush (a large output never waits: no call for it)
-            held = not traced and n <= DEFER_NUMEL and self.held.hold(spec, y, n, buf)
+            # True: measured at the flush (a large output never waits: no call for it; the
+            # module's bound, which HeldOutputs.hold applies to every caller)
+            held = not traced and n <= held_outputs.DEFER_NUMEL and self.held.hold(spec, y, n, buf)
             if not held:
                 # output_stats reads y.detach(): no graph, no grad-mode switch needed
                 x = first_tensor(inputs) if spec.kind == "softmax" else None

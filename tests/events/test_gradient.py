@@ -94,3 +94,64 @@ def test_the_quiet_screen_never_hides_an_event(r, base):
                                   ratio=cfg.explode_ratio, floor=cfg.vanish_abs)
         assert np.isnan(growth).all()
         assert not vanishing_mask(r, cfg.vanish_abs, cfg.vanish_ratio)[0].any()
+
+
+def _grad_step(step, names, rms, lr):
+    """A checked step with one name tuple: gradient RMS per layer (10 elements each), no outputs."""
+    k = len(names)
+    cols = {"pgrad_sumsq": np.array(rms) ** 2 * 10, "pgrad_n": np.full(k, 10.0), "out_sum": np.zeros(k),
+            "out_sumsq": np.full(k, np.nan), "out_n": np.zeros(k), "dead_frac": np.full(k, np.nan),
+            "sat_frac": np.full(k, np.nan)}
+    s = StepStats(step=step, has_backward=True, names=names, columns=cols,
+                  present=(np.zeros(k, dtype=bool), np.ones(k, dtype=bool)))
+    s.lr = lr
+    return s
+
+
+class _Uncached(GradientHealthDetector):
+    """The detector computing its allowance afresh at every step (the reference for the cache)."""
+
+    def update(self, stats):
+        self._allowed = None
+        return super().update(stats)
+
+
+_STEP = st.tuples(st.sampled_from([1e-9, 0.01, 0.01, 0.02, 0.5, 5.0, 50.0, math.inf]),
+                  st.sampled_from([0.01, 0.02, 3.0]),
+                  st.sampled_from([None, 0.0, 1e-3, 1e-3, 1e-2, 0.1]),
+                  st.sampled_from([False] * 9 + [True]))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(_STEP, min_size=1, max_size=30))
+def test_kept_allowance_reads_as_computed_each_step(seq):
+    """The growth allowance and the still-forming flag kept across steps of one name tuple give the
+    events of computing them at every step, through rate changes, baselines forming and a layer
+    forgotten (a module swapped mid-run)."""
+    names = ("a", "b", "c")  # one tuple, as the monitor's layout gives it: the positions are kept
+    kept, fresh = GradientHealthDetector(DetectorConfig(), CTX), _Uncached(DetectorConfig(), CTX)
+    for step, (ra, rb, lr, forget) in enumerate(seq):
+        got = []
+        for det in (kept, fresh):
+            if forget:
+                det.forget_layer("a")
+            got.append([(e.kind, e.layer, e.severity) for e in det.update(_grad_step(step, names, (ra, rb, 0.01), lr))])
+        assert got[0] == got[1]
+
+
+def test_kept_allowance_follows_a_baseline_formed_then_forgotten():
+    """The scenario the property above samples, spelled out: the baselines form (the growth
+    allowance changes), a rate rise allows more growth, a forgotten layer has no baseline."""
+    names = ("a", "b", "c")
+    seq = [(0.01, 0.02, 1e-3, False)] * 6 + [(5.0, 0.02, 1e-3, False), (5.0, 0.02, 1e-3, True),
+                                             (0.01, 0.02, 1e-3, False), (5.0, 0.02, 1e-1, False)]
+    test_kept_allowance_reads_as_computed_each_step.hypothesis.inner_test(seq)
+    det = GradientHealthDetector(DetectorConfig(), CTX)
+    kinds = []
+    for step, (ra, rb, lr, forget) in enumerate(seq):
+        if forget:
+            det.forget_layer("a")
+        kinds.append([e.kind for e in det.update(_grad_step(step, names, (ra, rb, 0.01), lr))])
+    # 500x over its baseline fires; with that baseline forgotten (forming again from the next
+    # step) only the absolute ceiling applies, at this rate and at a higher one
+    assert kinds[6] == ["exploding"] and kinds[7] == [] and kinds[8] == [] and kinds[9] == []

@@ -89,7 +89,6 @@ class Numerics(Measurement):
         self._weights_at: int | None = None      # host: its date, once read and found
         self._dates = array("q")                 # host: every check's date, by check number
         self._waiting: list[list[torch.Tensor]] = []  # device: the norms of the checks not yet folded
-        self._held = 0                           # norms in _waiting
         self._backward_at: int | None = None
         self._scaled = False
         self._updates = 0
@@ -109,7 +108,7 @@ class Numerics(Measurement):
     def checked_step(self, ctx: AddonContext, stats: Any) -> None:
         """The first step with non-finite parameter gradients (a GradScaler's skips excepted)."""
         if self._grad_step is None and not self._scaled and stats.grad_scale is None \
-                and stats.nonfinite_grad_layers():
+                and not stats.grads_finite():
             self._grad_step = stats.step
 
     def optimizer_post(self, ctx: AddonContext, optimizer: Any, checked: bool) -> None:
@@ -130,13 +129,12 @@ class Numerics(Measurement):
             self._fold()  # rows of one length fold together
         self._waiting.append(norms)
         self._dates.append(date)
-        self._held += len(norms)
-        if self._held >= FOLD_NORMS:
+        if len(self._waiting) * len(norms) >= FOLD_NORMS:  # the rows waiting have one length
             self._fold()
 
     def _fold(self) -> None:
         """The checks waiting, folded into the device number of the first non-finite one."""
-        waiting, self._waiting, self._held = self._waiting, [], 0
+        waiting, self._waiting = self._waiting, []
         if not waiting:
             return
         k = len(waiting)

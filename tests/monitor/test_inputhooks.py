@@ -1,4 +1,5 @@
-"""Sub-networks called directly: their inputs are the model's input (a GAN's players).
+"""The input hooks (``neuraldbg/monitor/inputhooks.py``). Sub-networks called directly: their
+inputs are the model's input (a GAN's players).
 
 Regression: a GAN wrapper whose own forward never runs had no input statistics, so a NaN or
 rescaled real batch entering the discriminator was read as born inside the network (or not
@@ -83,3 +84,13 @@ def test_a_model_called_through_its_root_counts_its_input_once():
         assert buf.root_called and buf.entry == []
         inputs = [r for r in buf.records if dbg._hooks.tables.slots[r[0]][0] == 2]
         assert len(inputs) == 1 and inputs[0][1] == 5 * 4
+
+
+def test_input_records_read_floating_dense_tensors_with_elements():
+    from neuraldbg.monitor.inputhooks import _input_records
+    x = torch.tensor([[1.0, 2.0], [3.0, math.inf]])
+    recs = _input_records(7, [x, torch.arange(4), torch.zeros(0, 3), torch.eye(2).to_sparse()])
+    # token ids, an empty tensor and a sparse one are no input statistics; the float one is
+    assert [(slot, n) for slot, n, _ in recs] == [(7, 4)]
+    s, nr, finite, not_nan = (float(v) for v in recs[0][2])
+    assert s == math.inf and finite == 3 and not_nan == 4
