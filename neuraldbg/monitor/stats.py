@@ -294,8 +294,9 @@ def grad_norm(g: torch.Tensor) -> torch.Tensor:
 
 
 def grad_norms(grads: list[torch.Tensor]) -> torch.Tensor:
-    """L2 norms of many gradients as one 1-d float tensor: one ``torch._foreach_norm`` when
-    they are dense on one device (the common case), else one norm per gradient."""
+    """L2 norms of many gradients (or the weights the update check reads) as one 1-d float
+    tensor: one ``torch._foreach_norm`` accumulated in float32 when they are dense on one device
+    and none is float64 (the common case), else one norm per tensor (float64 in its own precision)."""
     try:
         return torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32))
     except (RuntimeError, NotImplementedError, TypeError):

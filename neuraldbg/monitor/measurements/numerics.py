@@ -7,7 +7,8 @@ Three readings for the ``numerics`` evidence (``neuraldbg/causal/nodes/numerics.
   work): the first step whose parameter gradients were non-finite, unless a ``GradScaler``
   was given (it skips such steps by design);
 * ``nonfinite_weights_step`` -- after a checked optimizer update, one 2-norm per updated tensor
-  accumulated in float32 (``torch._foreach_norm(dtype=float32)``: an fp16 norm of finite
+  accumulated in float32 (:func:`~neuraldbg.monitor.stats.grad_norms`, float64 weights in their
+  own precision: an fp16 norm of finite
   weights may exceed 65504; a float32 one overflows only past weights of about 1e19, which only a
   blow-up makes, and the birthplace reads an update after instability as that blow-up; Inf and
   NaN propagate); the step it is dated at is the one whose forward runs next on those weights.
@@ -31,7 +32,7 @@ import torch
 from neuraldbg.causal.nodes.numerics import NONFINITE_GRAD_STEP, NONFINITE_WEIGHTS_STEP, WEIGHTS_DTYPE
 from neuraldbg.lifecycle import AddonContext, Measurement
 from neuraldbg.monitor.measurements import register_measurement
-from neuraldbg.monitor.stats import is_sharded, local, measurable
+from neuraldbg.monitor.stats import grad_norms, is_sharded, local, measurable
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -53,24 +54,18 @@ def majority_dtype(params: Any) -> str | None:
 #: checked updates whose weights are all checked, then one in ``SPARSE_EVERY``
 DENSE_UPDATES = 64
 SPARSE_EVERY = 4
-#: norms (0-d tensors) held before the checks waiting are folded into the device flag: a fold costs
-#: a few kernels whatever it holds, a check one (its foreach norm); the bound keeps the objects few
+#: norms held before the checks waiting are folded into the device flag: a fold costs a few
+#: kernels whatever it holds, a check two (its foreach norm and their stack); the bound keeps the
+#: memory and the objects held few
 FOLD_NORMS = 256
 #: the device flag before a non-finite check is found (above any check number)
 _NONE = 2 ** 62
 
 
-def check_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The 2-norms of ``tensors`` accumulated in float32, one 0-d tensor each on their device: NaN
-    and Inf in any element propagate into its norm (one foreach norm kernel, no host sync; the
-    max-abs norm would need no wider dtype but has no fused CPU kernel and costs ten times more)."""
-    return torch._foreach_norm(tensors, 2, dtype=torch.float32)
-
-
-def first_nonfinite(rows: torch.Tensor, start: int, none: int = _NONE) -> torch.Tensor:
-    """The number of the first row of ``rows`` (2-d: one check's :func:`check_norms` per row,
-    numbered from ``start``) whose sum is not finite, as a 0-d int64 tensor on their device;
-    ``none`` when every sum is finite. No host sync. Pure."""
+def first_nonfinite_row(rows: torch.Tensor, start: int, none: int = _NONE) -> torch.Tensor:
+    """The number of the first row of ``rows`` (2-d: one check's norms per row, numbered from
+    ``start``) whose sum is not finite, as a 0-d int64 tensor on their device; ``none`` when every
+    sum is finite. No host sync. Pure."""
     at = torch.arange(start, start + rows.shape[0], device=rows.device)
     return torch.where(rows.sum(dim=1).isfinite(), none, at).min()
 
@@ -88,7 +83,7 @@ class Numerics(Measurement):
         self._first: torch.Tensor | None = None  # device: the first non-finite check's number (_NONE: none)
         self._weights_at: int | None = None      # host: its date, once read and found
         self._dates = array("q")                 # host: every check's date, by check number
-        self._waiting: list[list[torch.Tensor]] = []  # device: the norms of the checks not yet folded
+        self._waiting: list[torch.Tensor] = []  # device: the norms (1-d) of the checks not yet folded
         self._backward_at: int | None = None
         self._scaled = False
         self._updates = 0
@@ -124,7 +119,9 @@ class Numerics(Measurement):
             return
         date = ctx.step + 1 if self._backward_at is not None and self._backward_at >= ctx.step else ctx.step
         with torch.no_grad():  # the parameters require grad: no graph for their norms
-            norms = check_norms(params)  # judged at the next fold
+            # 2-norms, accumulated in float32 where that does not narrow (float64 keeps its own):
+            # NaN and Inf in any element propagate into them; judged at the next fold
+            norms = grad_norms(params)
         if self._waiting and len(norms) != len(self._waiting[0]):
             self._fold()  # rows of one length fold together
         self._waiting.append(norms)
@@ -139,8 +136,7 @@ class Numerics(Measurement):
             return
         k = len(waiting)
         with torch.no_grad():
-            rows = torch.stack([n for norms in waiting for n in norms]).view(k, -1)
-            found = first_nonfinite(rows, len(self._dates) - k)
+            found = first_nonfinite_row(torch.stack(waiting), len(self._dates) - k)
             self._first = found if self._first is None else torch.minimum(self._first, found)
 
     def _candidates(self, optimizer: Any) -> list[tuple[Any, bool]]:

@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from neuraldbg.causal.nodes.numerics import NONFINITE_WEIGHTS_STEP
-from neuraldbg.monitor.measurements.numerics import Numerics, check_norms, dtype_name, first_nonfinite, majority_dtype
+from neuraldbg.monitor.measurements.numerics import Numerics, dtype_name, first_nonfinite_row, majority_dtype
+from neuraldbg.monitor.stats import grad_norms
 from neuraldbg.monitor.measurements.step_size import lost_counts
 
 
@@ -29,7 +30,7 @@ def test_the_majority_dtype_counts_trainable_elements():
 
 def _flag(tensors: list[torch.Tensor]) -> bool:
     """Whether one check of ``tensors`` is found non-finite."""
-    return first_nonfinite(torch.stack(check_norms(tensors)).view(1, -1), 0).item() == 0
+    return first_nonfinite_row(grad_norms(tensors).view(1, -1), 0).item() == 0
 
 
 def test_the_nonfinite_check_sees_nan_and_inf_in_any_tensor_and_never_overflows():
@@ -37,12 +38,15 @@ def test_the_nonfinite_check_sees_nan_and_inf_in_any_tensor_and_never_overflows(
     assert not _flag(fine)
     assert _flag(fine + [torch.tensor([1.0, math.nan])])
     assert _flag([torch.tensor([math.inf], dtype=torch.bfloat16)])
+    # float64 weights in their own precision (a float32 norm would refuse them, or overflow)
+    wide = [torch.full((3,), 1e100, dtype=torch.float64), torch.ones(2)]  # beyond float32 norms
+    assert not _flag(wide) and _flag(wide + [torch.tensor([math.nan], dtype=torch.float64)])
 
 
 def test_the_first_nonfinite_row_is_numbered_from_the_start_given():
     rows = torch.tensor([[1.0, 2.0], [math.inf, 0.0], [math.nan, 1.0]])
-    assert first_nonfinite(rows, 10).item() == 11
-    assert first_nonfinite(rows[:1], 10, none=-7).item() == -7
+    assert first_nonfinite_row(rows, 10).item() == 11
+    assert first_nonfinite_row(rows[:1], 10, none=-7).item() == -7
 
 
 def test_lost_counts_count_elements_meant_to_move_that_did_not():
@@ -122,3 +126,34 @@ def test_checks_folded_in_several_batches_date_the_first_nonfinite_update(monkey
             extra.fill_(math.nan if step == 17 else 0.0)  # non-finite once: the first stays the date
         m.optimizer_post(ctx, opt, True)
     assert m.steps()[NONFINITE_WEIGHTS_STEP] == 17
+
+
+def _weights_step_of(dtype: torch.dtype) -> tuple[int, object]:
+    """(internal errors, nonfinite_weights_step) of a small run whose bias is made NaN after the
+    update of step 8."""
+    from neuraldbg import NeuralDbg
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).to(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with NeuralDbg(model, every=1) as dbg:
+        for step in range(12):
+            x, y = torch.randn(16, 4, dtype=dtype), torch.randint(0, 2, (16,))
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step == 8:
+                with torch.no_grad():
+                    model[2].bias.fill_(math.nan)
+            dbg.record_loss(loss)
+    return dbg.internal_errors, dbg.trace().signatures.value(NONFINITE_WEIGHTS_STEP)
+
+
+def test_a_float64_model_is_checked_without_a_monitor_error():
+    """Regression: the update check asked for float32 norms of every weight, which torch refuses
+    for float64 tensors (no narrowing): every checked update of a float64 model was an internal
+    error and ``nonfinite_weights_step`` was never read. It now reads as the float32 model's."""
+    errors, step = _weights_step_of(torch.float64)
+    assert errors == 0 and step is not None
+    assert (errors, step) == _weights_step_of(torch.float32)
