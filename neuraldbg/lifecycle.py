@@ -125,6 +125,10 @@ class AddonContext(Protocol):
         step stops calling it there, and once no part needs the optimizer hooks there, an
         unchecked step's optimizer step runs none of the monitor's Python."""
 
+    def hook_done(self, part: "Addon", hook: str) -> None:
+        """``part`` has nothing left to hear on ``hook`` (it read what it needed): no step calls
+        it there any more, checked or not."""
+
     def report(self, key: tuple, msg: str, level: int = logging.WARNING) -> None:
         """Log ``msg`` once per ``key`` through the ``neuraldbg`` logger."""
 

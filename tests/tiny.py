@@ -1,10 +1,11 @@
-"""Shared test fixtures: a tiny training run, a tensor subclass and a trace builder.
+"""Shared test fixtures: a tiny training run, a tensor subclass, a trace builder and a spy.
 
 ``run`` trains a small model for a few steps on a seeded, learnable task (the class is the
 largest of the first ``classes`` inputs) with or without a monitor, in either loop style; the
 trace builder makes :class:`~neuraldbg.trace.Trace` s by hand, with signatures named by their
 declared names (an undeclared name is an error, as it is for the monitor). ``tagged`` turns a
-model's parameters into :class:`Tagged` tensors, a subclass the monitor does not measure.
+model's parameters into :class:`Tagged` tensors, a subclass the monitor does not measure;
+``spy_steps`` collects the per-step statistics a monitor hands its detectors.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from torch.nn import functional as F
 
 from neuraldbg import NeuralDbg
 from neuraldbg.causal.nodes import check_signature
+from neuraldbg.monitor.feed import EventFeed
 from neuraldbg.trace import LayerInfo, LossSummary, Signatures, Trace
 
 # ---- a tiny training run ---------------------------------------------------------------
@@ -148,3 +150,17 @@ def make_trace(events: Iterable[Any] = (), layers: Iterable[LayerInfo] = (), los
                  family=family, first_step=0, last_step=max(n - 1, 0), loss=loss,
                  signatures=signatures(sigs, sig_steps),
                  **fields)
+
+
+def spy_steps(monkeypatch, out: list | None = None) -> list:
+    """Every StepStats a monitor made after this call reads back from its transfer, in order
+    (appended to ``out``): a spy on the feed that hands each to the detectors."""
+    out = [] if out is None else out
+    orig = EventFeed._consume
+
+    def consume(self, st):
+        out.append(st)
+        return orig(self, st)
+
+    monkeypatch.setattr(EventFeed, "_consume", consume)
+    return out

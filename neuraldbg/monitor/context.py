@@ -140,6 +140,10 @@ class PartContext:
         """Stop calling ``part``'s ``hook`` on unchecked steps."""
         self._dbg._parts.retire_unchecked(part, hook)
 
+    def hook_done(self, part: Addon, hook: str) -> None:
+        """Stop calling ``part``'s ``hook`` on any step."""
+        self._dbg._parts.retire(part, hook)
+
     def report(self, key: tuple, msg: str, level: int = logging.WARNING) -> None:
         """Log ``msg`` once per ``key``."""
         self._dbg._report(key, msg, level)
@@ -163,9 +167,10 @@ class Parts:
         self.all = list(parts)
         self.ctx = ctx
         self._fail = fail  # counts and reports a failure once (the monitor's)
-        self._by_hook = {h: [p for p in parts if overrides(p, h)] for h in HOOKS}
+        # (part, its bound hook) per hook: the method is looked up once, not on every call
+        self._by_hook = {h: [(p, getattr(p, h)) for p in parts if overrides(p, h)] for h in HOOKS}
         # the step hooks' receivers on an unchecked step: the parts that ask for them there
-        self._unchecked = {h: [p for p in self._by_hook[h] if p.unchecked is None or h in p.unchecked]
+        self._unchecked = {h: [pf for pf in self._by_hook[h] if pf[0].unchecked is None or h in pf[0].unchecked]
                            for h in STEP_HOOKS}
         self._heard()
         #: id(part) -> what its first failure was (its signatures then read "a monitor error")
@@ -175,8 +180,17 @@ class Parts:
         """``part`` no longer receives ``hook`` on unchecked steps (still on checked ones)."""
         if hook not in self._unchecked:
             raise ValueError(f"{hook!r} is not a step hook; valid: {', '.join(STEP_HOOKS)}")
-        self._unchecked[hook] = [p for p in self._unchecked[hook] if p is not part]
+        self._unchecked[hook] = [pf for pf in self._unchecked[hook] if pf[0] is not part]
         self._heard()
+
+    def retire(self, part: Addon, hook: str) -> None:
+        """``part`` no longer receives ``hook`` at all (it has nothing left to hear there)."""
+        if hook not in self._by_hook:
+            raise ValueError(f"{hook!r} is not a lifecycle hook; valid: {', '.join(HOOKS)}")
+        self._by_hook[hook] = [pf for pf in self._by_hook[hook] if pf[0] is not part]
+        if hook in self._unchecked:
+            self._unchecked[hook] = [pf for pf in self._unchecked[hook] if pf[0] is not part]
+            self._heard()
 
     def _heard(self) -> None:
         #: whether a part asks for step_started or step_closed on unchecked steps
@@ -199,10 +213,10 @@ class Parts:
         (``Addon.unchecked``)."""
         self._call(self._by_hook[hook] if args[-1] else self._unchecked[hook], hook, args)
 
-    def _call(self, parts: list[Addon], hook: str, args: tuple) -> None:
-        for part in parts:
+    def _call(self, parts: list[tuple[Addon, Any]], hook: str, args: tuple) -> None:
+        for part, fn in parts:
             try:
-                getattr(part, hook)(self.ctx, *args)
+                fn(self.ctx, *args)
             except Exception as e:  # noqa: BLE001 - reported, never raised into training
                 self._failed(part, hook, e)
 

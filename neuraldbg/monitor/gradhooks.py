@@ -6,9 +6,10 @@ one ``torch._foreach_norm``, small gradients of one shape stacked where there ar
 ``stats.GROUP_MIN`` of them (a deep stack's hundreds). What notices the pass:
 
 - **the model output's gradient** (the default): on a checked step the root's forward hook puts
-  a tensor hook on the output, which fires before any parameter accumulates and asks the engine
-  which parameters' accumulation nodes this pass will run. A tensor hook dies with its graph, so
-  nothing stays in torch: an unchecked step, and the model after the monitor exits, pay nothing;
+  a hook on the autograd node that made the output (a tensor hook on a leaf output, or under
+  torch.compile), which fires before any parameter accumulates and asks the engine which
+  parameters' accumulation nodes this pass will run. The hook dies with its graph, so nothing
+  stays in torch: an unchecked step, and the model after the monitor exits, pay nothing;
 - **parameter hooks**, where the output cannot see every pass: sharded parameters (FSDP2: a
   shard's gradient is final when its reduce-scatter is), DDP and DataParallel, parameters that
   carry post-accumulate-grad hooks of their own (an optimizer run in backward), a loop that calls
@@ -170,15 +171,25 @@ class GradientHooks:
 
     def arm_output(self, output: Any, traced: bool) -> None:
         """A checked forward of the root returned ``output``: hook the gradient of its tensors
-        that require one (the first that fires opens the pass). An output without such a tensor
-        means the loss comes from elsewhere: parameter hooks from now on."""
+        that require one, through the autograd node that made each (a tensor hook on a leaf or
+        under torch.compile; the first that fires opens the pass). An output without such a
+        tensor means the loss comes from elsewhere: parameter hooks from now on."""
         tensors = _grad_tensors(output)
         if not tensors:
             if not traced:
                 self.use_param_hooks("the model's output holds no tensor that requires a gradient")
             return
+        nodes: list = []
         for t in tensors:
-            t.register_hook(self._on_output_grad)
+            node = None if traced else t.grad_fn
+            if node is None:  # a leaf, or traced by torch.compile (which sees tensor hooks only)
+                t.register_hook(self._on_output_grad)
+            elif not any(node is n for n in nodes):
+                # the node that makes it runs when its gradient arrives: a hook on the node is
+                # the same signal (the gradient itself is not read) for a fifth of a tensor
+                # hook's cost, which builds a handle and a dict per step
+                nodes.append(node)
+                node.register_prehook(self._on_output_grad)
         if not traced:  # a counter read under torch.compile would be guarded on: recompiles
             self._armed += 1
 
@@ -191,7 +202,7 @@ class GradientHooks:
                                  "computed from elsewhere)")
         self._armed = self._fired = 0
 
-    def _on_output_grad(self, grad: torch.Tensor) -> None:
+    def _on_output_grad(self, grad: Any) -> None:
         self._fired += 1
         buf = self.buf
         if not buf.active or not self.output_grads:

@@ -16,7 +16,8 @@ missing observation for that step, never the changed values).
 
 Lifecycle: :meth:`HeldOutputs.hold` from the output hooks, :meth:`HeldOutputs.flush` at the
 end of a forward, at a backward's start and when a step closes, :meth:`HeldOutputs.clear` when
-the hooks are removed.
+the hooks are removed. An output measured alone at a flush (no other of its kind, shape and
+dtype held with it) is measured in its hook from the next check on: holding it saved nothing.
 """
 from __future__ import annotations
 
@@ -117,6 +118,10 @@ class HeldOutputs:
         records = buf.records
         # no grad-mode switch here: batched_output_blocks stacks under no_grad, output_stats reads y.detach()
         for (kind, sq, *_), items in groups.items():
+            if len(items) == 1:
+                # nothing measured with it: in its hook from the next check on, where the same
+                # statistics cost less than holding them for the flush
+                items[0][0].defer = False
             ys = [it[1] for it in items]
             if S.batchable(ys, kind):
                 try:

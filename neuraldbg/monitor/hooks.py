@@ -6,7 +6,7 @@ small output is held and measured with the others when the forward ends
 (:mod:`neuraldbg.monitor.held`: a few kernels for a hundred layers). Every parameter
 gradient of one backward pass is measured at once, by one ``torch._foreach_norm`` queued to
 run when that backward ends (after accumulation, before clipping or the optimizer), noticed by
-a gradient hook on the model's output (:mod:`neuraldbg.monitor.gradhooks`). On an
+a hook on the gradient of the model's output (:mod:`neuraldbg.monitor.gradhooks`). On an
 unchecked step the module hooks are out of the model
 (:mod:`neuraldbg.monitor.switch`) and the root's input hook only reads tensor metadata.
 Nothing is moved to the host per hook. A callback never raises into training: a failure is

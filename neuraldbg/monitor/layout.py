@@ -3,13 +3,14 @@ numpy columns (:class:`~neuraldbg.events.stepstats.StepStats`).
 
 :class:`Layout` is compiled once per distinct step structure (the sequence of record slots,
 the losses, the scale) and says where each statistic sits in the flat vector; :func:`to_stepstats`
-reads one step with it. The device side (packing, queueing, the one copy) is
+reads one step with it, :func:`read_run` consecutive steps of one structure at once (each numpy
+operation once for all of them, the same values). The device side (packing, queueing, the one copy) is
 :mod:`neuraldbg.monitor.transfer`.
 """
 from __future__ import annotations
 
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -157,13 +158,68 @@ def read_loss(p: "_Pending", host: np.ndarray, z0: int, lay: "Layout | None") ->
 
 def to_stepstats(step: int, where: tuple, host: np.ndarray, loss: float | None, has_bwd: bool) -> StepStats:
     """One queued step read from the host array; ``where`` is ``(queued step, layout, offset
-    of its scalars, offset of its vectors, parameter-batch cache)``."""
+    of its scalars, offset of its vectors, parameter-batch cache)``. Consecutive steps of one
+    :func:`run_key` are read together by :func:`read_run` instead."""
     p, lay, z0, vec_at, cache = where
     if lay is None:
         st = StepStats(step=step, loss=loss, has_backward=has_bwd)
     else:
         with np.errstate(all="ignore"):
             st = _read(step, p, lay, host, z0, vec_at, cache, loss, has_bwd)
+    return _noted(st, p)
+
+
+def run_key(p: "_Pending") -> tuple | None:
+    """What consecutive queued steps share to be read together by :func:`read_run`: one layout
+    (not a shared module's, no empty inputs) and the parameters of one backward pass (a loop
+    repeats one tuple of them: two keys compare by identity); ``None`` for a step read alone
+    (:func:`to_stepstats`)."""
+    lay = p.lay
+    if lay is None or lay.shared or lay.any_empty or len(p.pgrad) != 1 or p.n_scalars != lay.size:
+        return None
+    idx = p.pgrad[0][0]
+    return (lay, idx) if p.n_vectors == lay.relu_len + len(idx) else None
+
+
+def read_run(run: list, host: np.ndarray, z0: int, vec_at: int, cache: dict,
+             losses: list[float | None]) -> list[StepStats]:
+    """Consecutive queued steps of one :func:`run_key`, their scalars one step after the other
+    from ``z0`` in ``host`` and their vectors from ``vec_at``, read with one numpy operation per
+    statistic for all of them (one step at a time, each operation ran once per step: at
+    every=1 that reading was a few percent of a small model's step); ``losses``: each step's
+    (:func:`read_loss`). The values are those :func:`to_stepstats` reads, bit for bit: the same
+    elementwise operations, and each layer's gradient sum added in the same order."""
+    lay: Layout = run[0].lay
+    k, L, size = len(run), lay.L, lay.size
+    gl, n, has = _batch(run[0].pgrad[0][0], lay, cache)
+    width = lay.relu_len + len(gl)
+    with np.errstate(all="ignore"):
+        v = host[vec_at:vec_at + k * width].reshape(k, width)
+        h = _with_derived(host[z0:z0 + k * size].reshape(k, size), v, lay)
+        ns = np.array([p.ns for p in run], dtype=np.float64)
+        cols = _out_columns(h, ns, lay)
+        x = v[:, lay.relu_len:]
+        scales = h[:, lay.scale_pos] if lay.scale_pos is not None else None
+        if scales is not None:  # a scale of 0 leaves the norms as they are (x / 1.0 is x)
+            x = x / np.where(scales != 0, scales, 1.0)[:, None]
+        # one bincount for every step: step r's layers are bins r * L.., each summed in the
+        # order of its parameters, as one step's bincount sums them
+        bins = (gl + L * np.arange(k)[:, None]).ravel()
+        sums = np.bincount(bins, weights=_sq32(x).ravel(), minlength=k * L).reshape(k, L)
+        cols["pgrad_sumsq"] = np.where(has, sums, np.nan)
+        out = []
+        for r, p in enumerate(run):
+            row = {c: col[r] for c, col in cols.items()}
+            row["pgrad_n"] = n
+            st = StepStats(step=p.step, loss=losses[r], inputs=_inputs(h[r], ns[r], lay), has_backward=p.has_bwd,
+                           grad_scale=None if scales is None else float(scales[r]), names=lay.names,
+                           columns=row, present=(lay.has_out, has))
+            out.append(_noted(st, p))
+    return out
+
+
+def _noted(st: StepStats, p: "_Pending") -> StepStats:
+    """``st`` with the layers that ran under ``no_grad`` in its step named."""
     if p.ran_without_grad:
         names = p.tables.names
         st.ran_without_grad = tuple(names[i] for i in sorted(p.ran_without_grad))
@@ -179,38 +235,31 @@ def _name_entry(inputs: dict, lay: "Layout", finite: np.ndarray, n: np.ndarray) 
         inputs["layer"] = lay.names[int(lay.in_layer[bad[0]])]
 
 
-def _read(step, p, lay, host, z0, vec_at, cache, loss, has_bwd) -> StepStats:
-    if lay.relu_len:  # each ReLU's sum of maxima and active count, after the scalars
-        v = host[vec_at:vec_at + lay.relu_len]
-        vec_at += lay.relu_len
-        derived = np.empty(2 * len(lay.relu_starts))
-        derived[0::2] = np.add.reduceat(v, lay.relu_starts)
-        derived[1::2] = np.add.reduceat((v != 0).astype(np.float64), lay.relu_starts)
-        h = np.concatenate([host[z0:z0 + lay.size], derived, [np.nan]])
-    else:
-        h = np.append(host[z0:z0 + lay.size], np.nan)  # h[lay.absent]: an absent value
-    ns = p.ns
-    scale = float(h[lay.scale_pos]) if lay.scale_pos is not None else None
-    L = lay.L
-    cols: dict[str, Any] = {}
-    if not lay.shared:
-        g = h[lay.gather]
-        cols["out_sum"], cols["out_sumsq"] = g[:, 0], g[:, 1]
-        cols["dead_frac"], cols["sat_frac"] = 1.0 - g[:, 2] / lay.units, g[:, 3]
-        cols["out_n"] = ns[lay.n_at]
-    else:  # a shared module: sums add up over its calls, fractions are the mean of its calls
-        ol, op, sp = lay.out_layer, lay.out_pos, lay.sq_pos
-        cols["out_sum"] = np.where(lay.has_out, _per_layer(ol, h[op], L), np.nan)
-        cols["out_sumsq"] = np.where(np.bincount(ol[sp >= 0], minlength=L) > 0,
-                                     _per_layer(ol[sp >= 0], h[sp[sp >= 0]], L), np.nan)
-        cols["out_n"] = _per_layer(ol, ns[lay.out_k], L)
-        for col, dead in (("dead_frac", True), ("sat_frac", False)):
-            m = (lay.frac_pos >= 0) & (lay.frac_dead == dead)
-            c = np.bincount(ol[m], minlength=L)
-            v = 1.0 - h[lay.frac_pos[m]] / lay.frac_units[m] if dead else h[lay.frac_pos[m]]
-            cols[col] = np.where(c > 0, _per_layer(ol[m], v, L) / np.maximum(c, 1), np.nan)
-    has_pgrad = _read_pgrad(p, lay, host, vec_at, cache, scale, cols)
-    inputs = None
+def _with_derived(s: np.ndarray, v: np.ndarray, lay: "Layout") -> np.ndarray:
+    """Rows of scalars ``s`` (steps x ``lay.size``), then each ReLU's sum of maxima and active
+    count from the rows of vectors ``v`` (its maxima first), then the "absent" NaN: one row per
+    step that ``lay``'s positions index."""
+    k = len(s)
+    absent = np.full((k, 1), np.nan)
+    if not lay.relu_len:
+        return np.concatenate([s, absent], axis=1)
+    m = v[:, :lay.relu_len]
+    derived = np.empty((k, 2 * len(lay.relu_starts)))
+    derived[:, 0::2] = np.add.reduceat(m, lay.relu_starts, axis=1)
+    derived[:, 1::2] = np.add.reduceat((m != 0).astype(np.float64), lay.relu_starts, axis=1)
+    return np.concatenate([s, derived, absent], axis=1)
+
+
+def _out_columns(h: np.ndarray, ns: np.ndarray, lay: "Layout") -> dict[str, np.ndarray]:
+    """The output columns of a layout without shared modules, from one step's ``h`` and element
+    counts ``ns`` (1-d) or from rows of them (one per step)."""
+    g = h[..., lay.gather]
+    return {"out_sum": g[..., 0], "out_sumsq": g[..., 1], "dead_frac": 1.0 - g[..., 2] / lay.units,
+            "sat_frac": g[..., 3], "out_n": ns[..., lay.n_at]}
+
+
+def _inputs(h: np.ndarray, ns: np.ndarray, lay: "Layout") -> dict | None:
+    """The model input's sums and counts of one step (``None``: no input recorded)."""
     if len(lay.in_pos) == 1:  # (sum, norm, finite count, non-NaN count) of the input tensor
         i = int(lay.in_pos[0])
         s_, nr, fin, not_nan = h[i:i + 4].tolist()
@@ -220,33 +269,64 @@ def _read(step, p, lay, host, z0, vec_at, cache, loss, has_bwd) -> StepStats:
                   "inf": (n_in - fin) - (n_in - not_nan), "n": n_in}
         if fin < n_in:
             _name_entry(inputs, lay, np.array([fin]), np.array([n_in]))
-    elif len(lay.in_pos):  # several input tensors: their sums and counts add up
-        v = h[lay.in_pos[:, None] + np.arange(4)]
-        n_in = ns[lay.in_k]
-        nan_n = float((n_in - v[:, 3]).sum())
-        inputs = {"sum": float(v[:, 0].sum()), "sumsq": float(_sq32(v[:, 1]).sum()), "nan": nan_n,
-                  "inf": float((n_in - v[:, 2]).sum()) - nan_n, "n": float(n_in.sum())}
-        if inputs["nan"] + inputs["inf"] > 0:
-            _name_entry(inputs, lay, v[:, 2], n_in)
-    return StepStats(step=step, loss=loss, inputs=inputs, has_backward=has_bwd, grad_scale=scale,
+        return inputs
+    if not len(lay.in_pos):
+        return None
+    # several input tensors: their sums and counts add up
+    v = h[lay.in_pos[:, None] + np.arange(4)]
+    n_in = ns[lay.in_k]
+    nan_n = float((n_in - v[:, 3]).sum())
+    inputs = {"sum": float(v[:, 0].sum()), "sumsq": float(_sq32(v[:, 1]).sum()), "nan": nan_n,
+              "inf": float((n_in - v[:, 2]).sum()) - nan_n, "n": float(n_in.sum())}
+    if inputs["nan"] + inputs["inf"] > 0:
+        _name_entry(inputs, lay, v[:, 2], n_in)
+    return inputs
+
+
+def _read(step, p, lay, host, z0, vec_at, cache, loss, has_bwd) -> StepStats:
+    h = _with_derived(host[None, z0:z0 + lay.size], host[None, vec_at:vec_at + lay.relu_len], lay)[0]
+    vec_at += lay.relu_len
+    ns = np.array(p.ns, dtype=np.float64)
+    scale = float(h[lay.scale_pos]) if lay.scale_pos is not None else None
+    if not lay.shared:
+        cols = _out_columns(h, ns, lay)
+    else:  # a shared module: sums add up over its calls, fractions are the mean of its calls
+        L = lay.L
+        ol, op, sp = lay.out_layer, lay.out_pos, lay.sq_pos
+        cols = {"out_sum": np.where(lay.has_out, _per_layer(ol, h[op], L), np.nan),
+                "out_sumsq": np.where(np.bincount(ol[sp >= 0], minlength=L) > 0,
+                                      _per_layer(ol[sp >= 0], h[sp[sp >= 0]], L), np.nan),
+                "out_n": _per_layer(ol, ns[lay.out_k], L)}
+        for col, dead in (("dead_frac", True), ("sat_frac", False)):
+            m = (lay.frac_pos >= 0) & (lay.frac_dead == dead)
+            c = np.bincount(ol[m], minlength=L)
+            v = 1.0 - h[lay.frac_pos[m]] / lay.frac_units[m] if dead else h[lay.frac_pos[m]]
+            cols[col] = np.where(c > 0, _per_layer(ol[m], v, L) / np.maximum(c, 1), np.nan)
+    has_pgrad = _read_pgrad(p, lay, host, vec_at, cache, scale, cols)
+    return StepStats(step=step, loss=loss, inputs=_inputs(h, ns, lay), has_backward=has_bwd, grad_scale=scale,
                      names=lay.names, columns=cols, present=(lay.has_out, has_pgrad))
+
+
+def _batch(idx: tuple, lay: "Layout", cache: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For the parameters ``idx`` of one backward pass under ``lay``: each one's layer, each
+    layer's element count, and which layers have any (kept in ``cache``)."""
+    key = (lay.L, len(lay.param_layer), idx)
+    hit = cache.get(key)
+    if hit is None:
+        if len(cache) >= MAX_LAYOUTS:
+            cache.clear()
+        ii = np.asarray(idx, dtype=np.intp)
+        gl = lay.param_layer[ii]
+        hit = cache[key] = (gl, np.bincount(gl, weights=lay.param_numel[ii], minlength=lay.L),
+                            np.bincount(gl, minlength=lay.L) > 0)
+    return hit
 
 
 def _read_pgrad(p, lay, host, vec_at, cache, scale, cols) -> np.ndarray:
     """Per-layer parameter-gradient columns into ``cols``; returns the presence flags."""
     L, P = lay.L, len(lay.param_layer)
     if len(p.pgrad) == 1 and not lay.any_empty:  # one backward pass: the common step
-        idx, v = p.pgrad[0]
-        key = (L, P, idx)
-        hit = cache.get(key)
-        if hit is None:
-            if len(cache) >= MAX_LAYOUTS:
-                cache.clear()
-            ii = np.asarray(idx, dtype=np.intp)
-            gl = lay.param_layer[ii]
-            c = np.bincount(gl, minlength=L)
-            hit = cache[key] = (gl, np.bincount(gl, weights=lay.param_numel[ii], minlength=L), c > 0)
-        gl, n, has = hit
+        gl, n, has = _batch(p.pgrad[0][0], lay, cache)
         g = host[vec_at:vec_at + len(gl)]
         g = g / scale if scale else g
         cols["pgrad_sumsq"] = np.where(has, np.bincount(gl, weights=_sq32(g), minlength=L), np.nan)

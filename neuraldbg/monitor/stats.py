@@ -254,8 +254,9 @@ def input_stats(x: torch.Tensor, host_check: bool | None = None) -> tuple[torch.
     """0-d stats of a model input: ``(sum, norm, finite count, non-NaN count)``.
 
     The sums run over every entry, so they are only meaningful when every entry is finite
-    (the host reads the counts first). On the CPU a finite sum and norm prove every entry
-    finite (NaN and Inf propagate into both), and reading two CPU scalars costs no device
+    (the host reads the counts first). On the CPU a finite norm proves every entry finite (NaN
+    and Inf propagate into it; a sum over finite entries may still overflow, and the counts of
+    such an input are its element count either way), and reading a CPU scalar costs no device
     sync, so the counts (``isnan``/``isfinite``: slow CPU kernels) are only computed for an
     input that is not finite. ``host_check`` forces one path (default: that one for CPU
     tensors outside ``torch.compile``, where a scalar read would break the graph).
@@ -264,7 +265,7 @@ def input_stats(x: torch.Tensor, host_check: bool | None = None) -> tuple[torch.
     s, nr = total(x), norm(x)
     if host_check is None:
         host_check = x.is_cpu and not torch.compiler.is_compiling()
-    if host_check and math.isfinite(float(s)) and math.isfinite(float(nr)):
+    if host_check and math.isfinite(float(nr)):
         return s, nr, *_count_pair(float(x.numel()), s.dtype)
     return s, nr, torch.isfinite(x).sum(dtype=s.dtype), torch.isnan(x).logical_not_().sum(dtype=s.dtype)
 

@@ -4,8 +4,10 @@ A closed checked step keeps the 0-d statistics its hooks recorded and one 1-d ve
 gradient norms per backward pass; an unchecked step keeps only its losses and costs no
 device work at all. Every ``sync_every`` checked steps the whole queue is stacked into one
 flat tensor and moved to the host in one copy (the only device sync of the monitor), where
-:func:`~neuraldbg.monitor.layout.to_stepstats` reads each step back into per-layer numpy columns with a layout
-compiled once per distinct step structure (cached: a training loop repeats one structure).
+:mod:`neuraldbg.monitor.layout` reads the steps back into per-layer numpy columns with a layout
+compiled once per distinct step structure (cached: a training loop repeats one structure), the
+consecutive steps of one structure together (:func:`~neuraldbg.monitor.layout.read_run`).
+Queuing a step calls no numpy: its element counts wait as Python ints for the transfer.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import numpy as np
 import torch
 
 from neuraldbg.events.stepstats import StepStats
-from neuraldbg.monitor.layout import MAX_LAYOUTS, Layout, read_loss, to_stepstats
+from neuraldbg.monitor.layout import MAX_LAYOUTS, Layout, read_loss, read_run, run_key, to_stepstats
 from neuraldbg.monitor.records import OUT, Block
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -27,8 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
 MAX_PENDING = 1024
 
 
-_NO_COUNTS = np.zeros(1)  # a step without records: only the "absent" count (read-only, shared)
-_NO_COUNTS.flags.writeable = False
+_NO_COUNTS = (0,)  # a step without records: only the "absent" count
 
 
 class _Pending:
@@ -42,6 +43,9 @@ class _Pending:
         self.checked = buf.active
         records = buf.records
         self.blocks = buf.blocks
+        # element counts stay Python ints until the transfer reads them (layout.py): numpy's code,
+        # cold after the optimizer step, cost more here than the counts themselves; the trailing
+        # 0 is the "absent" count (see Layout)
         if records and buf.blocks:  # a Block stands for several records
             slots, ns = [], []
             for r in records:
@@ -52,11 +56,10 @@ class _Pending:
                     slots.append(r[0])
                     ns.append(r[1])
             self.slots = tuple(slots)
-            self.ns = np.array(ns + [0], dtype=np.float64)
+            self.ns = (*ns, 0)
         elif records:
-            self.slots = tuple(r[0] for r in records)
-            # element counts of the records, then the "absent" 0 (see _read)
-            self.ns = np.array([r[1] for r in records] + [0], dtype=np.float64)
+            self.slots, ns, _ = zip(*records)  # one pass over the records, in C
+            self.ns = (*ns, 0)
         else:  # an unchecked step: this runs once per training step, so it is kept lean
             self.slots, self.ns = (), _NO_COUNTS
         self.pgrad = buf.pgrad
@@ -227,14 +230,28 @@ class HostTransfer:
             z_at += p.n_scalars
             v_at += p.n_vectors
         host = _to_host(scalars, vectors)
-        for p, z0, v0 in zip(pending, starts, vstarts):
+        i, n = 0, len(pending)
+        while i < n:
+            p, z0 = pending[i], starts[i]
             if type(p) is tuple:  # read in float32, as every loss is (_loss)
                 step, loss = p
                 self._consume(StepStats(step, loss if type(loss) is float else float(np.float32(host[z0]))))
+                i += 1
                 continue
             lay = p.lay
-            where = (p, lay, z0, z_at + v0, self._batches)
-            self._consume(to_stepstats(p.step, where, host, read_loss(p, host, z0, lay), p.has_bwd))
+            key = run_key(p)
+            j = i + 1
+            if key is not None:  # the steps after it that share its layout are read with it
+                while j < n and type(q := pending[j]) is not tuple and run_key(q) == key:
+                    j += 1
+                run = pending[i:j]
+                losses = [read_loss(q, host, starts[i + r], lay) for r, q in enumerate(run)]
+                for st in read_run(run, host, z0, z_at + vstarts[i], self._batches, losses):
+                    self._consume(st)
+            else:
+                where = (p, lay, z0, z_at + vstarts[i], self._batches)
+                self._consume(to_stepstats(p.step, where, host, read_loss(p, host, z0, lay), p.has_bwd))
+            i = j
 
     def _layout(self, p: _Pending) -> "Layout | None":
         if not (p.slots or p.pgrad or p.scale is not None):

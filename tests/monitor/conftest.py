@@ -3,13 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from neuraldbg.monitor import transfer as T
+from tests.tiny import spy_steps
 
 
 @pytest.fixture
 def seen(monkeypatch):
     """Every StepStats the detectors receive, in order."""
-    out = []
-    orig = T.to_stepstats
-    monkeypatch.setattr(T, "to_stepstats", lambda *a: out.append(orig(*a)) or out[-1])
-    return out
+    return spy_steps(monkeypatch)

@@ -160,3 +160,20 @@ def test_a_part_done_with_unchecked_steps_stops_hearing_them(registered):
     assert sum(c[-1] for c in posts) == 6      # ... and still on every checked one
     with pytest.raises(ValueError, match="valid: step_started, step_closed, optimizer_pre, optimizer_post"):
         r.dbg._parts.retire_unchecked(part, "checked_step")
+
+
+def test_a_part_done_with_a_hook_stops_hearing_it_on_every_step(registered):
+    class Once(Recorder):
+        def optimizer_pre(self, ctx, optimizer, checked):
+            super().optimizer_pre(ctx, optimizer, checked)
+            if checked:
+                ctx.hook_done(self, "optimizer_pre")
+
+    registered(Once)
+    r = run(steps=30, monitor={"every": 5})
+    part = next(p for p in r.dbg._parts.all if type(p) is Once)
+    pres = [c for c in part.calls if c[0] == "optimizer_pre"]
+    assert pres and pres[-1][-1] and sum(c[-1] for c in pres) == 1  # heard up to its first checked step only
+    assert sum(c[0] == "optimizer_post" for c in part.calls) > 1    # its other hooks still heard
+    with pytest.raises(ValueError, match="is not a lifecycle hook; valid: "):
+        r.dbg._parts.retire(part, "no_such_hook")

@@ -9,7 +9,7 @@ from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from neuraldbg import NeuralDbg
-from neuraldbg.monitor import transfer as T
+from tests.tiny import spy_steps
 
 #: view and alias ops: they create a tensor header, launch no kernel and touch no data
 #: (``record_loss`` keeps ``loss.detach()``: the value is read with the next transfer)
@@ -86,20 +86,18 @@ def test_a_checked_step_measures_with_one_foreach_norm_per_backward():
     # monitor found (the weights before the step, the update); one for the finiteness of the
     # weights after the update (neuraldbg/monitor/measurements/numerics.py)
     assert extra["aten._foreach_norm.Scalar"] == 4
-    # no per-parameter squares of the gradients (the old path): of the five multiplications, two
-    # are the step-size probe's (one per weight/update sum of squares it reduces per layer), one
-    # the input-scale measurement's (the entry layer's input squared, summed per feature) and two
-    # the output spread's (the deviations and the mean squared, once for the whole output); the
-    # weights' check is judged later, a few checks at once (no isfinite on the checked step)
+    # no per-parameter squares of the gradients (the old path): of the three multiplications, two
+    # are the step-size probe's (one per weight/update sum of squares it reduces per layer) and one
+    # the input-scale measurement's (the entry layer's input squared, summed per feature); the
+    # output spread copies the small output and reduces it when the transfer reads the step, and
+    # the weights' check is judged later, a few checks at once (no isfinite on the checked step)
     assert extra.get("aten.index_add_.default", 0) == 2
-    assert extra.get("aten.mul.Tensor", 0) == 5
+    assert extra.get("aten.mul.Tensor", 0) == 3 and extra.get("aten.clone.default", 0) == 1
     assert extra.get("aten._local_scalar_dense.default", 0) <= 2  # the CPU input's finiteness check only
 
 
 def test_parameter_gradients_are_unscaled_under_a_grad_scaler(monkeypatch):
-    seen = []
-    orig = T.to_stepstats
-    monkeypatch.setattr(T, "to_stepstats", lambda *a: seen.append(orig(*a)) or seen[-1])
+    seen = spy_steps(monkeypatch)
 
     def run(**kw):
         seen.clear()
@@ -121,9 +119,7 @@ def test_parameter_gradients_are_unscaled_under_a_grad_scaler(monkeypatch):
 
 
 def test_parameter_gradients_match_a_direct_computation(monkeypatch):
-    seen = []
-    orig = T.to_stepstats
-    monkeypatch.setattr(T, "to_stepstats", lambda *a: seen.append(orig(*a)) or seen[-1])
+    seen = spy_steps(monkeypatch)
     lp = Loop({})
     want = []
     for _ in range(3):
@@ -408,9 +404,7 @@ def _specs(model):
 
 
 def _recorded(monkeypatch):
-    seen = []
-    orig = T.to_stepstats
-    monkeypatch.setattr(T, "to_stepstats", lambda *a: seen.append(orig(*a)) or seen[-1])
+    seen = spy_steps(monkeypatch)
     return seen
 
 
@@ -450,7 +444,10 @@ def test_an_output_written_in_place_later_is_read_as_its_module_returned_it(monk
     seen = _recorded(monkeypatch)
     torch.manual_seed(0)
     bump = _Bump()
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(inplace=True), nn.Linear(16, 16), bump, nn.Linear(16, 3))
+    # the Linear after the bump shares the second one's shape: held with it, so the second is
+    # still held when the write comes (an output held alone is measured in its hook after a check)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(inplace=True), nn.Linear(16, 16), bump, nn.Linear(16, 16),
+                          nn.Linear(16, 3))
     truth = {}
     for i in (0, 2):
         model[i].register_forward_hook(lambda m, a, y, i=i: truth.__setitem__(str(i), float(y.detach().sum())))
@@ -477,7 +474,28 @@ def test_an_output_written_in_place_later_is_read_as_its_module_returned_it(monk
             assert "out_sum" not in layers["2"], layers["2"]
         else:
             assert layers["2"]["out_sum"] == pytest.approx(w["2"], rel=1e-5)
-    assert specs["0"].defer is False and specs["2"].defer is False and specs["4"].defer is True
+    # written into: measured in their hooks from then on; the head was measured alone at every flush
+    assert specs["0"].defer is False and specs["2"].defer is False and specs["5"].defer is False
+
+
+def test_an_output_measured_alone_at_a_flush_is_measured_in_its_hook_from_the_next_check():
+    """Holding a small output pays for itself only when others of its kind, shape and dtype are
+    measured with it: one measured alone is measured in its hook afterwards (same statistics,
+    test_held_outputs_give_the_statistics_measured_in_each_hook)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3))
+    gen = torch.Generator().manual_seed(1)
+    states = []
+    with NeuralDbg(model, every=1) as dbg:
+        for _ in range(3):
+            x = torch.randn(16, 8, generator=gen)
+            F.cross_entropy(model(x), x[:, :3].argmax(dim=1)).backward()
+            dbg.record_loss(1.0)
+            states.append({s.name: s.defer for s in _specs(model)})
+    # first check: every small output a probe; second: held, the two Linear(8, 8) and the two
+    # ReLUs measured together, the head alone; from then on the head in its hook
+    assert states[0] == {"0": True, "1": True, "2": True, "3": True, "4": True}
+    assert states[1] == states[2] == {"0": True, "1": True, "2": True, "3": True, "4": False}
 
 
 def test_outputs_of_a_forward_on_another_thread_are_measured_in_their_hooks(monkeypatch):

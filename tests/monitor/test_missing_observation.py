@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.tiny import batches, run
+from tests.tiny import batches, run, spy_steps
 
 STEPS = 60
 
@@ -100,11 +100,8 @@ def test_an_expert_without_tokens_is_missing():
 
 
 def test_missing_layers_are_nan_in_the_columns_and_absent_from_the_dict(monkeypatch):
-    from neuraldbg.monitor import transfer as T
 
-    seen = []
-    orig = T.to_stepstats
-    monkeypatch.setattr(T, "to_stepstats", lambda *a: seen.append(orig(*a)) or seen[-1])
+    seen = spy_steps(monkeypatch)
     train(TinyMoE, True)
     odd = [st for st in seen if st.step % 2 == 1 and st.has_backward]
     i = odd[0].names.index("experts.3")

@@ -9,8 +9,7 @@ from torch.nn import functional as F
 
 from neuraldbg import NeuralDbg
 from neuraldbg.monitor import stats as S
-from neuraldbg.monitor import transfer as T
-from tests.tiny import batches, run
+from tests.tiny import batches, run, spy_steps
 
 
 def mlp(seed=0):
@@ -194,9 +193,7 @@ def test_every_n_checks_only_every_nth_step(monkeypatch):
 
 
 def test_eval_steps_record_no_gradient_statistics(monkeypatch):
-    seen = []
-    orig = T.to_stepstats
-    monkeypatch.setattr(T, "to_stepstats", lambda *a: seen.append(orig(*a)) or seen[-1])
+    seen = spy_steps(monkeypatch)
     m = mlp()
     with NeuralDbg(m) as dbg:
         dbg.step = 0
@@ -230,9 +227,7 @@ def test_shared_module_frozen_params_and_inplace():
 
 
 def test_dataparallel_on_cpu_reports_every_layer(monkeypatch):
-    seen = []
-    orig = T.to_stepstats
-    monkeypatch.setattr(T, "to_stepstats", lambda *a: seen.append(orig(*a)) or seen[-1])
+    seen = spy_steps(monkeypatch)
     m = mlp()
     dp = nn.DataParallel(m)
     train(dp, steps=3, dbg_kwargs={})

@@ -92,6 +92,16 @@ def test_input_stats_counts_nan_and_inf(host_check):
     assert (s.item(), nr.item() ** 2, finite.item(), not_nan.item()) == (6.0, pytest.approx(14.0), 3.0, 3.0)
 
 
+def test_input_stats_read_the_same_on_both_paths_when_a_finite_input_overflows_its_sum():
+    # the host check reads only the norm: finite entries whose sum (or norm) overflows still
+    # count as finite, as the counting path counts them
+    for x in (torch.tensor([3e38, 3e38]), torch.tensor([1e19, 1e19, -1.0]), torch.tensor([1e30, -1e30, 2.0])):
+        host = [t.item() for t in S.input_stats(x, True)]
+        counted = [t.item() for t in S.input_stats(x, False)]
+        assert host[2:] == counted[2:] == [float(x.numel())] * 2
+        assert host[:2] == counted[:2] or all(a != a and b != b for a, b in zip(host[:2], counted[:2]))
+
+
 def test_the_input_counts_kept_between_steps_follow_the_input_size_and_dtype():
     # the finite counts of a clean input are kept for the next input of the same size: one of
     # another size or dtype must get its own

@@ -7,7 +7,7 @@ from torch import nn
 
 from neuraldbg import NeuralDbg
 from neuraldbg.monitor import transfer as T
-from tests.tiny import batches, run
+from tests.tiny import batches, run, spy_steps
 
 
 def train(model, steps, dbg, n=16):
@@ -77,9 +77,7 @@ def test_block_records_read_the_same_statistics_as_a_record_each(monkeypatch, ev
     from neuraldbg.monitor import stats as S
 
     def checked(blocks):
-        out = []
-        orig = T.to_stepstats
-        monkeypatch.setattr(T, "to_stepstats", lambda *a: out.append(orig(*a)) or out[-1])
+        out = spy_steps(monkeypatch)
         calls = []
         if blocks:
             orig_blocks = S.batched_output_blocks

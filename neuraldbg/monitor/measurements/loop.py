@@ -200,7 +200,10 @@ class LoopWatch(Measurement):
             self._events.append(["opt", id(optimizer)])
             self._at["stale"] = ctx.step
             if self._opt_events >= STALE_WINDOW:
-                ctx.unchecked_done(self, "optimizer_post")  # nothing left to count steps for
+                # the stale check's window is full: the backward starts and the step counts that
+                # fed it are heard no more, checked steps included
+                ctx.hook_done(self, "optimizer_post")
+                ctx.hook_done(self, "backward_started")
         if self._opt_checked < self._opt_until:
             self._opt_checked += 1
             # the model as it is now (host-side attributes only): the layer map is refreshed only

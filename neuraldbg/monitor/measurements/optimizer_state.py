@@ -67,6 +67,7 @@ class OptimizerState(Measurement):
         self._read = True
         self._steps = state_steps(optimizer)
         self._at = ctx.step
+        ctx.hook_done(self, "optimizer_pre")  # read once: nothing left to hear
 
     def summary(self) -> dict[Any, Any]:
         """``optimizer_state_steps`` once read (nothing for a state without a step count)."""

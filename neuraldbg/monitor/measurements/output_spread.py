@@ -6,7 +6,9 @@ as :func:`~neuraldbg.monitor.measurements.losskind.output_tensor` picks it -- on
 numbers: the standard deviation across the batch (dimension 0), averaged over the output's other
 entries, and the RMS. The first :data:`OUTPUT_WINDOW` measured steps are kept and a rolling window
 of the last ones (read at most once every :data:`READ_GAP` steps); the host reads them once per
-query, with one transfer. Only a forward that
+query, with one transfer. A small output is copied in the hook and reduced when the monitor's
+transfer reads its steps (:meth:`OutputSpread.checked_step`), with the same kernels on the same
+values: a dozen tiny kernels right after the forward cost several times what they cost there. Only a forward that
 builds a graph counts (an evaluation under ``no_grad`` is not the training output), and the
 first such forward of a step (micro-batches of one step share its weights). Pure functions of
 tensors first, then the measurement.
@@ -32,13 +34,30 @@ READ_GAP = 4
 MAX_COLUMNS = 4096
 
 
-def spread_and_rms(y: torch.Tensor) -> torch.Tensor:
-    """``[std across dim 0 (mean over the other entries), RMS]`` of ``y`` as a float32 tensor of
-    two, on the device. Pure."""
+#: readings of at most this many entries are copied in the hook and reduced later (a larger one,
+#: an LM's logits, is reduced at once: its copies would hold memory)
+DEFER_ENTRIES = 1 << 16
+#: readings waiting to be reduced at most (bounds what the copies hold between transfers)
+MAX_WAITING = 16
+
+
+def spread_columns(y: torch.Tensor) -> torch.Tensor:
+    """The ``(batch, entries)`` float32 view of ``y`` that :func:`spread_of` reduces (a strided
+    subset of at most :data:`MAX_COLUMNS` entries per sample). Pure."""
     f = y.detach().reshape(y.shape[0], -1)
     if f.shape[1] > MAX_COLUMNS:
         f = f[:, ::-(-f.shape[1] // MAX_COLUMNS)]
-    f = f.float()
+    return f.float()
+
+
+def spread_and_rms(y: torch.Tensor) -> torch.Tensor:
+    """``[std across dim 0 (mean over the other entries), RMS]`` of ``y`` as a float32 tensor of
+    two, on the device. Pure."""
+    return spread_of(spread_columns(y))
+
+
+def spread_of(f: torch.Tensor) -> torch.Tensor:
+    """:func:`spread_and_rms` of the columns ``f`` (:func:`spread_columns`). Pure."""
     # two passes by hand: torch.var_mean over dim 0 runs a per-column Welford loop on the CPU,
     # 40x slower on an (8, 4000) output than a mean and a mean of squares
     mean = f.mean(dim=0)
@@ -83,6 +102,7 @@ class OutputSpread(Measurement):
         self._single = False  # a training output with a batch of one was seen
         self._read: tuple[int, tuple[float, float] | None] | None = None  # (measured count, result)
         self._count = 0
+        self._waiting: list[torch.Tensor] = []  # copied readings, reduced by _reduce_waiting
 
     def enter(self, ctx: AddonContext) -> None:
         """Hook the model's output on checked steps."""
@@ -97,7 +117,7 @@ class OutputSpread(Measurement):
         ctx = self._ctx
         if ctx is None or not ctx.measuring() or ctx.step == self._seen_step:
             return None
-        if len(self._first) >= OUTPUT_WINDOW and ctx.step - (self._last_step or 0) < READ_GAP:
+        if self._count >= OUTPUT_WINDOW and ctx.step - (self._last_step or 0) < READ_GAP:
             return None
         y = output_tensor(output, getattr(output, "loss", None) if not isinstance(output, torch.Tensor) else None)
         if not isinstance(y, torch.Tensor) or not y.is_floating_point() or not y.requires_grad or y.dim() < 1:
@@ -106,14 +126,36 @@ class OutputSpread(Measurement):
             self._single = True  # a batch of one: no spread across it
             return None
         self._seen_step = ctx.step
-        v = spread_and_rms(y)  # of y.detach(): no graph, no grad-mode switch needed
+        f = spread_columns(y)  # of y.detach(): no graph, no grad-mode switch needed
+        if f.is_contiguous() and f.numel() <= DEFER_ENTRIES:
+            # a copy of the same layout, reduced by the same kernels later: the same values
+            self._waiting.append(f.clone())
+            if len(self._waiting) >= MAX_WAITING:
+                self._reduce_waiting()
+        else:
+            self._reduce_waiting()  # the readings keep their order
+            self._keep(spread_of(f))
+        self._count += 1
+        self._last_step = ctx.step
+        return None
+
+    def _keep(self, v: torch.Tensor) -> None:
         if len(self._first) < OUTPUT_WINDOW:
             self._first.append(v)
         else:
             self._last.append(v)
-        self._count += 1
-        self._last_step = ctx.step
-        return None
+
+    def _reduce_waiting(self) -> None:
+        """The copied readings, reduced in the order they were taken."""
+        waiting, self._waiting = self._waiting, []
+        for f in waiting:
+            self._keep(spread_of(f))
+
+    def checked_step(self, ctx: AddonContext, stats: Any) -> None:
+        """The transfer read a checked step: the readings copied since the last one are reduced
+        now, with the monitor's other host work."""
+        if self._waiting:
+            self._reduce_waiting()
 
     def exit(self, ctx: AddonContext, exc: BaseException | None) -> None:
         """Remove the output hook."""
@@ -122,6 +164,7 @@ class OutputSpread(Measurement):
             self._handle = None
 
     def _values(self) -> tuple[float, float] | None:
+        self._reduce_waiting()
         if len(self._last) < OUTPUT_WINDOW:
             return None
         if self._read is None or self._read[0] != self._count:
@@ -142,6 +185,7 @@ class OutputSpread(Measurement):
 
     def gaps(self) -> dict[Any, str]:
         """Why no spread: compiled, too few checked steps, or non-finite outputs."""
+        self._reduce_waiting()
         if self._compiled and not self._first:
             why = "the model is compiled: its output is not read inside the compiled graph"
         elif self._single and not self._first:

@@ -215,13 +215,13 @@ class _EntryWeights(Measurement):
         """An optimizer found later that already holds state before its first step: resumed
         (within :data:`FOUND_WITHIN` steps of the first one heard; then the hook retires)."""
         if self._retired:
-            return  # checked steps still call it: once retired, at no cost
+            return
         if self._first_heard is None:
             self._first_heard = ctx.step
         elif ctx.step - self._first_heard >= FOUND_WITHIN:
             # an optimizer that first steps this late starts a new phase of the run: its state
-            # says nothing of how the run began, and unchecked steps need not hear the optimizers
-            ctx.unchecked_done(self, "optimizer_pre")
+            # says nothing of how the run began: no step need call this again
+            ctx.hook_done(self, "optimizer_pre")
             self._retired = True
             return
         if id(optimizer) in self._seen:

@@ -86,10 +86,34 @@ def test_too_few_checked_steps_is_a_gap_with_a_reason():
 
 def test_the_hook_runs_on_checked_steps_only(monkeypatch):
     calls = []
-    orig = S.spread_and_rms
-    monkeypatch.setattr(S, "spread_and_rms", lambda y: calls.append(1) or orig(y))
+    orig = S.spread_columns
+    monkeypatch.setattr(S, "spread_columns", lambda y: calls.append(1) or orig(y))
     _run("healthy", steps=40, every=10)
     assert len(calls) == 4
+
+
+@pytest.mark.parametrize("kind", ["healthy", "broadcast"])
+def test_readings_reduced_later_are_the_readings_reduced_at_once(monkeypatch, kind):
+    """A small output is copied in the hook and reduced when the transfer reads its step: the
+    same kernels on the same values, so the signatures are those of a reduction in the hook."""
+    later = _run(kind, steps=60).signatures()
+    reduced = []
+    orig = S.spread_of
+    monkeypatch.setattr(S, "spread_of", lambda f: reduced.append(1) or orig(f))
+    monkeypatch.setattr(S, "DEFER_ENTRIES", 0)  # every reading reduced in its hook
+    at_once = _run(kind, steps=60).signatures()
+    assert reduced  # the hook did reduce
+    for sig in (OUTPUT_CV, OUTPUT_SPREAD_DROP):
+        assert later.number(sig) == at_once.number(sig) and later.number(sig) is not None
+
+
+def test_copied_readings_wait_for_a_bounded_number_of_steps(monkeypatch):
+    monkeypatch.setattr(S, "MAX_WAITING", 3)
+    seen = []
+    orig = S.OutputSpread._reduce_waiting
+    monkeypatch.setattr(S.OutputSpread, "_reduce_waiting", lambda self: seen.append(len(self._waiting)) or orig(self))
+    _run("healthy", steps=60, every=1)
+    assert max(seen) <= 3
 
 
 def test_a_batch_of_one_is_a_gap_that_says_so():
